@@ -1,0 +1,5 @@
+import sys
+
+from mpbroker.cli import main
+
+sys.exit(main())

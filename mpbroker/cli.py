@@ -1,0 +1,136 @@
+"""The `mpbroker` command line: each subcommand is one library call with clean errors."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from mpbroker import __version__
+from mpbroker.config import LOG_LEVELS, Config, ConfigError, iter_settings, load_config
+
+__all__ = ["build_parser", "main"]
+
+
+def _apply_overrides(config: Config, args: argparse.Namespace) -> Config:
+    changes: dict[str, Any] = {}
+    for name in ("host", "port", "data_dir", "gateways", "log_level"):
+        value = getattr(args, name, None)
+        if value is not None:
+            changes[name] = value
+    if changes:
+        config = config.replace("broker", **changes)
+    return config
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    """Run the broker in the foreground until SIGTERM or Ctrl-C.
+
+    Example: mpbroker serve --port 61613 --data-dir /var/lib/mpbroker
+    """
+    from setproctitle import setproctitle
+
+    from mpbroker.logs import setup_logging
+    from mpbroker.workers.supervisor import serve
+
+    config = _apply_overrides(load_config(args.config), args)
+    setproctitle("mpbroker: supervisor")
+    setup_logging("supervisor", config.broker.log_level)
+    return serve(config)
+
+
+def cmd_config_show(args: argparse.Namespace) -> int:
+    """Print every setting with its effective value and what it means.
+
+    Example: mpbroker config show --config broker.toml
+    """
+    config = _apply_overrides(load_config(args.config), args)
+    section = ""
+    for key, value, doc in iter_settings(config):
+        head, _, name = key.partition(".")
+        if head != section:
+            print(f"{'' if not section else chr(10)}[{head}]")
+            section = head
+        rendered = (
+            f'"{value}"'
+            if isinstance(value, str)
+            else str(value).lower()
+            if isinstance(value, bool)
+            else value
+        )
+        print(f"{name} = {rendered}  # {doc}")
+    return 0
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    """Load-test a running broker (or one it starts) and report msgs/s.
+
+    Example: mpbroker bench --producers 1 --consumers 1 --count 200000 --size 100
+    """
+    from bench.cli import run_from_args
+
+    return run_from_args(args)
+
+
+def _add_broker_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", metavar="FILE", help="TOML configuration file")
+    parser.add_argument("--host", help="listen address (default 127.0.0.1)")
+    parser.add_argument("--port", type=int, help="STOMP port (default 61613; 0 = any free port)")
+    parser.add_argument("--data-dir", dest="data_dir", metavar="DIR", help="data directory")
+    parser.add_argument(
+        "--gateways", type=int, metavar="N", help="gateway processes (0 = one per CPU)"
+    )
+    parser.add_argument("--log-level", dest="log_level", choices=LOG_LEVELS, help="log level")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="mpbroker",
+        description="A JMS-style STOMP 1.2 message broker that scales by processes.",
+    )
+    parser.add_argument("--version", action="version", version=f"mpbroker {__version__}")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND")
+    commands.required = True
+
+    def add(
+        name: str, func: Callable[[argparse.Namespace], int], parent: Any = commands
+    ) -> argparse.ArgumentParser:
+        doc = (func.__doc__ or "").strip()
+        summary = doc.splitlines()[0]
+        sub: argparse.ArgumentParser = parent.add_parser(
+            name,
+            help=summary,
+            description=doc,
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+        )
+        sub.set_defaults(func=func)
+        return sub
+
+    _add_broker_options(add("serve", cmd_serve))
+
+    config = commands.add_parser(
+        "config", help="inspect the configuration", description="Inspect the configuration."
+    )
+    config_commands = config.add_subparsers(dest="config_command", metavar="COMMAND")
+    config_commands.required = True
+    _add_broker_options(add("show", cmd_config_show, config_commands))
+
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        result: int = args.func(args)
+    except ConfigError as exc:
+        print(f"mpbroker: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+    return result
+
+
+if __name__ == "__main__":
+    sys.exit(main())

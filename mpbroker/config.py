@@ -1,0 +1,314 @@
+"""Broker configuration: defaults, TOML loading and validation.
+
+Pure logic: no sockets, no processes. Every setting has a default, so no file is needed;
+an unknown key or a bad value is refused with a `ConfigError` that names the key, the
+value and what is allowed. Every limit carries its unit in its name (`max_frame_bytes`,
+`send_timeout_ms`), as STYLE.md asks.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import re
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+__all__ = [
+    "BrokerSettings",
+    "Config",
+    "ConfigError",
+    "QueueSettings",
+    "RingSettings",
+    "StompSettings",
+    "TopicSettings",
+    "TransactionSettings",
+    "config_from_mapping",
+    "iter_settings",
+    "load_config",
+    "parse_size",
+]
+
+KiB = 1024
+MiB = 1024 * KiB
+GiB = 1024 * MiB
+
+LOG_LEVELS = ("debug", "info", "warning", "error")
+
+
+class ConfigError(ValueError):
+    """A configuration value was refused; the message names the key, the value and why."""
+
+    def __init__(self, key: str, value: object, allowed: str) -> None:
+        self.key = key
+        self.value = value
+        self.allowed = allowed
+        super().__init__(f"config: {key} = {value!r}: {allowed}")
+
+
+def _setting(
+    default: Any,
+    doc: str,
+    *,
+    min: float | None = None,
+    max: float | None = None,
+    choices: tuple[str, ...] | None = None,
+) -> Any:
+    """A dataclass field that carries its documentation and its allowed range."""
+    return field(default=default, metadata={"doc": doc, "min": min, "max": max, "choices": choices})
+
+
+@dataclass(frozen=True, slots=True)
+class BrokerSettings:
+    host: str = _setting("127.0.0.1", "address the STOMP listener binds to")
+    port: int = _setting(61613, "STOMP port; 0 picks a free one", min=0, max=65535)
+    data_dir: str = _setting("mpbroker-data", "directory for stores and runtime files")
+    gateways: int = _setting(0, "gateway worker processes; 0 = one per CPU", min=0, max=256)
+    p2p_workers: int = _setting(1, "point-to-point (queue) pipeline processes", min=1, max=64)
+    pubsub_workers: int = _setting(1, "publish/subscribe (topic) pipeline processes", min=1, max=64)
+    # ActiveMQ's transportConnector default maximumConnections is 1000; a gateway is
+    # cheap per idle connection (one trio task pair), so allow more by default.
+    max_connections: int = _setting(
+        10000, "client connections accepted at once, over all gateways", min=1
+    )
+    shutdown_timeout_ms: int = _setting(
+        10000, "how long SIGTERM waits for workers before killing them", min=0
+    )
+    restart_backoff_max_ms: int = _setting(
+        5000, "longest wait before restarting a worker that keeps crashing", min=0
+    )
+    log_level: str = _setting("info", "log level", choices=LOG_LEVELS)
+
+    def gateway_count(self) -> int:
+        """Resolved number of gateways (0 means one per CPU)."""
+        return self.gateways or (os.cpu_count() or 1)
+
+
+@dataclass(frozen=True, slots=True)
+class StompSettings:
+    # ActiveMQ's StompWireFormat caps data at 100 MiB, RabbitMQ's STOMP plugin frames at
+    # a few MiB; every frame also has to fit twice into a ring, so keep the default modest.
+    max_frame_bytes: int = _setting(
+        1 * MiB, "largest frame (headers and body) a client may send", min=256
+    )
+    max_headers: int = _setting(1000, "most headers in one frame (ActiveMQ: 1000)", min=1)
+    max_header_bytes: int = _setting(10 * KiB, "longest header line (ActiveMQ: 10 KiB)", min=64)
+    connect_timeout_ms: int = _setting(10000, "time a new connection has to send CONNECT", min=1)
+    # The server's heart-beat offer (cx, cy in CONNECTED): the shortest intervals it
+    # agrees to send and to expect. 0 switches that direction off.
+    heartbeat_send_ms: int = _setting(1000, "shortest interval the broker sends heart-beats", min=0)
+    heartbeat_receive_ms: int = _setting(
+        1000, "shortest interval the broker asks clients to send heart-beats", min=0
+    )
+    heartbeat_grace: float = _setting(
+        2.0,
+        "a client is dropped after grace x its negotiated heart-beat interval of silence",
+        min=1.0,
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class RingSettings:
+    capacity_bytes: int = _setting(
+        2 * MiB,
+        "bytes of each shared-memory ring between a gateway and a pipeline (power of two)",
+        min=4096,
+    )
+    batch_records: int = _setting(512, "most records a worker takes from one ring at a time", min=1)
+    park_timeout_ms: int = _setting(
+        100, "backstop wake-up of an idle worker waiting on its doorbell", min=1, max=10000
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class QueueSettings:
+    # ActiveMQ's default queue prefetch is 1000.
+    prefetch: int = _setting(
+        1000, "default window of unacknowledged deliveries per queue subscription", min=1
+    )
+    max_messages: int = _setting(
+        100000, "most messages one queue holds waiting for consumers", min=1
+    )
+    max_bytes: int = _setting(
+        16 * MiB,
+        "most message bytes all queues of one p2p worker hold (the VolQueueStore)",
+        min=1,
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class TopicSettings:
+    # ActiveMQ's topic prefetch is 32766; ours is smaller because a gateway buffers what
+    # a slow subscriber has not read yet.
+    prefetch: int = _setting(
+        1000, "default window of undelivered/unacknowledged messages per topic subscription", min=1
+    )
+    max_pending_messages: int = _setting(
+        10000, "most messages waiting for one slow topic subscriber", min=1
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class TransactionSettings:
+    # The seed's "uncommitted transactions" module budget.
+    max_uncommitted_bytes: int = _setting(
+        2 * MiB,
+        "message bytes held in open transactions, over all connections of one gateway",
+        min=1,
+    )
+    max_open_per_connection: int = _setting(
+        100, "transactions one connection may have open at once", min=1
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class Config:
+    broker: BrokerSettings = field(default_factory=BrokerSettings)
+    stomp: StompSettings = field(default_factory=StompSettings)
+    rings: RingSettings = field(default_factory=RingSettings)
+    queues: QueueSettings = field(default_factory=QueueSettings)
+    topics: TopicSettings = field(default_factory=TopicSettings)
+    transactions: TransactionSettings = field(default_factory=TransactionSettings)
+
+    def replace(self, section: str, **changes: Any) -> Config:
+        """A copy with some settings of one section changed (validated)."""
+        current = getattr(self, section)
+        data = {section: {**dataclasses.asdict(current), **changes}}
+        merged = {name: dataclasses.asdict(getattr(self, name)) for name in _section_types()}
+        merged.update(data)
+        return config_from_mapping(merged)
+
+
+_SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMG]i?B|B)?\s*$", re.IGNORECASE)
+_SIZE_UNITS = {"b": 1, "kb": 1000, "mb": 1000**2, "gb": 1000**3, "kib": KiB, "mib": MiB, "gib": GiB}
+
+
+def parse_size(text: str) -> int:
+    """'16MiB' -> 16777216, '64 KiB' -> 65536, '1.5MB' -> 1500000; ValueError otherwise."""
+    m = _SIZE_RE.match(text)
+    if not m:
+        raise ValueError(f"not a size: {text!r}")
+    number = float(m.group(1))
+    unit = (m.group(2) or "b").lower()
+    return int(number * _SIZE_UNITS[unit])
+
+
+def _section_types() -> dict[str, type[Any]]:
+    return {
+        f.name: f.default_factory  # type: ignore[misc]
+        for f in dataclasses.fields(Config)
+    }
+
+
+def _describe(meta: Mapping[str, Any], kind: type) -> str:
+    choices = meta.get("choices")
+    if choices:
+        return "allowed: " + ", ".join(repr(c) for c in choices)
+    lo, hi = meta.get("min"), meta.get("max")
+    what = {int: "an integer", float: "a number", str: "a string", bool: "true or false"}[kind]
+    if lo is not None and hi is not None:
+        return f"must be {what} from {lo:g} to {hi:g}"
+    if lo is not None:
+        return f"must be {what} >= {lo:g}"
+    if hi is not None:
+        return f"must be {what} <= {hi:g}"
+    return f"must be {what}"
+
+
+def _coerce(key: str, value: object, f: dataclasses.Field[Any]) -> Any:
+    kind: type = {"int": int, "float": float, "str": str, "bool": bool}[str(f.type)]
+    meta = f.metadata
+    allowed = _describe(meta, kind)
+    if kind is int and key.endswith("_bytes") and isinstance(value, str):
+        try:
+            value = parse_size(value)
+        except ValueError:
+            raise ConfigError(key, value, allowed + " (or a size such as '16MiB')") from None
+    if kind is float and isinstance(value, int) and not isinstance(value, bool):
+        value = float(value)
+    # bool is a subclass of int in Python; `gateways = true` is a mistake, not 1.
+    if not isinstance(value, kind) or (kind is not bool and isinstance(value, bool)):
+        raise ConfigError(key, value, allowed)
+    if kind is float and not math.isfinite(value):  # type: ignore[arg-type]
+        raise ConfigError(key, value, allowed)
+    choices = meta.get("choices")
+    if choices and value not in choices:
+        raise ConfigError(key, value, allowed)
+    lo, hi = meta.get("min"), meta.get("max")
+    if (lo is not None and value < lo) or (hi is not None and value > hi):
+        raise ConfigError(key, value, allowed)
+    return value
+
+
+def config_from_mapping(data: Mapping[str, Any]) -> Config:
+    """Build and validate a Config from a nested mapping (a parsed TOML document)."""
+    sections = _section_types()
+    built: dict[str, Any] = {}
+    for name, value in data.items():
+        if name not in sections:
+            raise ConfigError(name, value, "unknown section; known: " + ", ".join(sections))
+        if not isinstance(value, Mapping):
+            raise ConfigError(name, value, "must be a table of settings")
+        cls = sections[name]
+        fields = {f.name: f for f in dataclasses.fields(cls)}
+        kwargs: dict[str, Any] = {}
+        for key, raw in value.items():
+            full = f"{name}.{key}"
+            if key not in fields:
+                raise ConfigError(full, raw, "unknown setting; known: " + ", ".join(fields))
+            kwargs[key] = _coerce(full, raw, fields[key])
+        built[name] = cls(**kwargs)
+    config = Config(**built)
+    _check_consistency(config)
+    return config
+
+
+def _check_consistency(config: Config) -> None:
+    """Limits that contradict each other are refused, naming both numbers."""
+    cap = config.rings.capacity_bytes
+    if cap & (cap - 1):
+        raise ConfigError("rings.capacity_bytes", cap, "must be a power of two")
+    # A message record carries the frame's body and headers plus a small envelope; a ring
+    # must hold two of the largest so a writer can always make progress.
+    need = 2 * config.stomp.max_frame_bytes
+    if cap < need:
+        raise ConfigError(
+            "rings.capacity_bytes",
+            cap,
+            f"too small for stomp.max_frame_bytes = {config.stomp.max_frame_bytes}: "
+            f"a ring must hold two of the largest frames (>= {need})",
+        )
+    if config.stomp.max_header_bytes > config.stomp.max_frame_bytes:
+        raise ConfigError(
+            "stomp.max_header_bytes",
+            config.stomp.max_header_bytes,
+            f"must not exceed stomp.max_frame_bytes = {config.stomp.max_frame_bytes}",
+        )
+
+
+def load_config(path: str | Path | None = None) -> Config:
+    """The embedded defaults, overlaid with a TOML file when one is given."""
+    if path is None:
+        return config_from_mapping({})
+    try:
+        with open(path, "rb") as fh:
+            data = tomllib.load(fh)
+    except FileNotFoundError:
+        raise ConfigError("--config", str(path), "file not found") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError("--config", str(path), f"not valid TOML: {exc}") from None
+    return config_from_mapping(data)
+
+
+def iter_settings(config: Config) -> list[tuple[str, Any, str]]:
+    """(key, value, doc) for every setting, in declaration order (for `config show`)."""
+    rows: list[tuple[str, Any, str]] = []
+    for section in dataclasses.fields(Config):
+        obj = getattr(config, section.name)
+        for f in dataclasses.fields(obj):
+            rows.append((f"{section.name}.{f.name}", getattr(obj, f.name), f.metadata["doc"]))
+    return rows

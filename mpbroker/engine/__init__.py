@@ -1,0 +1,11 @@
+"""Pure pipeline logic: what a p2p or pubsub worker does with each record.
+
+No rings, no sockets, no clocks: an engine takes records from gateways and appends the
+records it wants sent to an `Outbox`; the worker process wires that to rings.
+"""
+
+from ._common import Consumer, ConsumerKey, Outbox, message_size
+from ._queue import QueueEngine
+from ._topic import TopicEngine
+
+__all__ = ["Consumer", "ConsumerKey", "Outbox", "QueueEngine", "TopicEngine", "message_size"]

@@ -1,0 +1,510 @@
+"""The server side of one STOMP connection, as a sans-IO state machine.
+
+The gateway worker feeds it parsed frames and records from pipelines; the session answers
+with bytes to write to the socket (`out`), records to send to pipelines (`routes`) and
+whether the connection must close once `out` is written (`closing`). It owns everything a
+gateway knows about a connection: version and heart-beat negotiation, the subscription
+table (STOMP ids <-> gateway handles), open transactions, and receipts that need several
+pipelines to answer (DISCONNECT, COMMIT).
+
+No sockets, no clocks: times come in as arguments.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+from mpbroker.config import Config
+from mpbroker.records import (
+    ACK_AUTO,
+    ACK_MODES,
+    Ack,
+    Barrier,
+    ConnClosed,
+    Credit,
+    Message,
+    Nack,
+    Record,
+    Refuse,
+    Send,
+    Subscribe,
+    Unsubscribe,
+)
+from mpbroker.routing import Topology, UnknownDestination, parse_destination
+from mpbroker.stomp import (
+    Frame,
+    encode_frame,
+    negotiate_heartbeat,
+    negotiate_version,
+    parse_heartbeat,
+)
+from mpbroker.stomp import ProtocolError as CodecProtocolError
+
+__all__ = ["GatewaySession", "SessionError", "SessionState", "TransactionBudget"]
+
+BROKER_NAME = "mpbroker"
+
+# Headers the broker consumes from a SEND; everything else travels with the message.
+_SEND_CONTROL_HEADERS = frozenset({"destination", "receipt", "content-length", "transaction"})
+
+
+class SessionError(Exception):
+    """Something the client did wrong: becomes an ERROR frame, then the connection closes."""
+
+    def __init__(self, message: str, detail: str = "", receipt: str = "") -> None:
+        self.message = message
+        self.detail = detail
+        self.receipt = receipt
+        super().__init__(message)
+
+
+class SessionState:
+    AWAIT_CONNECT = "await-connect"
+    CONNECTED = "connected"
+    CLOSING = "closing"
+
+
+class TransactionBudget:
+    """Bytes held in open transactions by all connections of one gateway."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.used = 0
+
+
+@dataclass(eq=False, slots=True)
+class _Subscription:
+    handle: int
+    sub_id: str
+    destination: str
+    pipeline: int
+    ack_mode: int
+    prefetch: int
+
+
+@dataclass(eq=False, slots=True)
+class _Transaction:
+    name: str
+    routes: list[tuple[int, Record]] = field(default_factory=list)
+    held_bytes: int = 0
+
+
+@dataclass(eq=False, slots=True)
+class _PendingReceipt:
+    """A receipt sent once every pipeline in `waiting` answered its Barrier."""
+
+    receipt: str
+    waiting: set[int]
+    then_close: bool
+
+
+class GatewaySession:
+    def __init__(
+        self,
+        conn: int,
+        config: Config,
+        topology: Topology,
+        message_ids: Iterator[str],
+        tx_budget: TransactionBudget,
+    ) -> None:
+        self.conn = conn
+        self.config = config
+        self.topology = topology
+        self.message_ids = message_ids
+        self.tx_budget = tx_budget
+        self.state = SessionState.AWAIT_CONNECT
+        self.version = "1.2"
+        # (send_every_ms, expect_every_ms), 0 = off; set by CONNECT.
+        self.heartbeat = (0, 0)
+        self.client_id = ""
+        self.out: list[bytes] = []
+        self.routes: list[tuple[int, Record]] = []
+        self.closing = False
+        self.subs_by_id: dict[str, _Subscription] = {}
+        self.subs: dict[int, _Subscription] = {}
+        self._handles = itertools.count(1)
+        self._tokens = itertools.count(1)
+        self.touched: set[int] = set()
+        self.transactions: dict[str, _Transaction] = {}
+        self.pending_receipts: dict[int, _PendingReceipt] = {}
+        self.auto_delivered: dict[int, int] = {}
+
+    # -- frames from the client ----------------------------------------------------------
+
+    def on_frame(self, frame: Frame, now_ms: int) -> None:
+        """Handle one client frame; a client mistake becomes an ERROR and `closing`."""
+        if self.closing:
+            return
+        try:
+            self._dispatch(frame, now_ms)
+        except SessionError as exc:
+            self.fail(exc.message, exc.detail, exc.receipt)
+
+    def _dispatch(self, frame: Frame, now_ms: int) -> None:
+        command = frame.command
+        if self.state == SessionState.AWAIT_CONNECT:
+            if command not in ("CONNECT", "STOMP"):
+                raise SessionError(f"expected CONNECT, got {command}")
+            self._connect(frame)
+            return
+        handler = self._handlers.get(command)
+        if handler is None:
+            raise SessionError(f"{command} is not valid after CONNECT")
+        handler(self, frame, now_ms)
+
+    def _connect(self, frame: Frame) -> None:
+        version = negotiate_version(frame.headers.get("accept-version"))
+        if version is None:
+            self.version = "1.2"
+            raise SessionError(
+                "unsupported protocol version",
+                f"accept-version {frame.headers.get('accept-version')!r}; "
+                "this broker speaks 1.0, 1.1 and 1.2",
+            )
+        self.version = version
+        try:
+            client_hb = parse_heartbeat(frame.headers.get("heart-beat"))
+        except CodecProtocolError as exc:
+            raise SessionError(str(exc)) from None
+        settings = self.config.stomp
+        server_hb = (settings.heartbeat_send_ms, settings.heartbeat_receive_ms)
+        self.heartbeat = negotiate_heartbeat(client_hb, server_hb)
+        self.client_id = frame.headers.get("client-id", "")
+        headers = {"version": version, "server": BROKER_NAME, "session": f"session-{self.conn}"}
+        if version != "1.0":
+            headers["heart-beat"] = f"{server_hb[0]},{server_hb[1]}"
+        self.out.append(encode_frame(Frame("CONNECTED", headers), version))
+        self.state = SessionState.CONNECTED
+
+    def _send(self, frame: Frame, now_ms: int) -> None:
+        headers = frame.headers
+        destination = self._required(frame, "destination")
+        pipeline = self._owner(destination, headers.get("receipt", ""))
+        user_headers = {k: v for k, v in headers.items() if k not in _SEND_CONTROL_HEADERS}
+        message = Message(
+            next(self.message_ids),
+            destination,
+            user_headers,
+            frame.body,
+            now_ms,
+            persistent=headers.get("persistent") == "true",
+        )
+        record = Send(self.conn, message, headers.get("receipt", ""))
+        tx = self._transaction_of(frame)
+        if tx is None:
+            self._route(pipeline, record)
+            return
+        size = len(frame.body)
+        budget = self.tx_budget
+        if budget.used + size > budget.limit:
+            raise SessionError(
+                f"ResourceAllocation: transactions max_uncommitted_bytes {budget.limit} reached",
+                f"transaction {tx.name!r} would hold {budget.used + size} bytes on this gateway",
+                headers.get("receipt", ""),
+            )
+        budget.used += size
+        tx.held_bytes += size
+        tx.routes.append((pipeline, record))
+        self._immediate_receipt(frame)
+
+    def _subscribe(self, frame: Frame, now_ms: int) -> None:
+        headers = frame.headers
+        destination = self._required(frame, "destination")
+        receipt = headers.get("receipt", "")
+        sub_id = headers.get("id")
+        if sub_id is None:
+            if self.version == "1.2":
+                raise SessionError("SUBSCRIBE needs an id header", receipt=receipt)
+            sub_id = destination  # 1.0/1.1 allowed omitting it; the destination stands in.
+        if sub_id in self.subs_by_id:
+            raise SessionError(f"subscription id {sub_id!r} is already in use", receipt=receipt)
+        pipeline = self._owner(destination, receipt)
+        ack_name = headers.get("ack", "auto")
+        if ack_name not in ACK_MODES:
+            raise SessionError(
+                f"unknown ack mode {ack_name!r}",
+                "allowed: auto, client, client-individual",
+                receipt,
+            )
+        kind, _ = parse_destination(destination)
+        default = self.config.queues.prefetch if kind == "queue" else self.config.topics.prefetch
+        prefetch = self._int_header(frame, "activemq.prefetchSize", default, minimum=1)
+        sub = _Subscription(
+            next(self._handles), sub_id, destination, pipeline, ACK_MODES[ack_name], prefetch
+        )
+        self.subs_by_id[sub_id] = sub
+        self.subs[sub.handle] = sub
+        self._route(
+            pipeline,
+            Subscribe(self.conn, sub.handle, sub_id, destination, sub.ack_mode, prefetch, receipt),
+        )
+
+    def _unsubscribe(self, frame: Frame, now_ms: int) -> None:
+        receipt = frame.headers.get("receipt", "")
+        sub_id = frame.headers.get("id") or frame.headers.get("destination")
+        if sub_id is None:
+            raise SessionError("UNSUBSCRIBE needs an id header", receipt=receipt)
+        sub = self.subs_by_id.pop(sub_id, None)
+        if sub is None:
+            raise SessionError(f"no subscription with id {sub_id!r}", receipt=receipt)
+        del self.subs[sub.handle]
+        self.auto_delivered.pop(sub.handle, None)
+        self._route(sub.pipeline, Unsubscribe(self.conn, sub.handle, receipt))
+
+    def _ack(self, frame: Frame, now_ms: int) -> None:
+        self._settle(frame, nack=False)
+
+    def _nack(self, frame: Frame, now_ms: int) -> None:
+        self._settle(frame, nack=True)
+
+    def _settle(self, frame: Frame, *, nack: bool) -> None:
+        headers = frame.headers
+        receipt = headers.get("receipt", "")
+        if self.version == "1.2":
+            ack_id = self._required(frame, "id")
+            handle_text, _, message_id = ack_id.partition(":")
+            sub = self.subs.get(int(handle_text)) if handle_text.isdigit() else None
+            if sub is None or not message_id:
+                raise SessionError(
+                    f"{frame.command} id {ack_id!r} matches no message delivered to this "
+                    "connection's subscriptions",
+                    receipt=receipt,
+                )
+        else:
+            message_id = self._required(frame, "message-id")
+            sub_id = headers.get("subscription")
+            if sub_id is not None:
+                found = self.subs_by_id.get(sub_id)
+            elif len(self.subs) == 1:
+                found = next(iter(self.subs.values()))
+            else:
+                raise SessionError(
+                    f"{frame.command} needs a subscription header when a connection "
+                    "has several subscriptions",
+                    receipt=receipt,
+                )
+            if found is None:
+                raise SessionError(f"no subscription with id {sub_id!r}", receipt=receipt)
+            sub = found
+        record: Record = (
+            Nack(self.conn, sub.handle, message_id, receipt)
+            if nack
+            else Ack(self.conn, sub.handle, message_id, receipt)
+        )
+        tx = self._transaction_of(frame)
+        if tx is None:
+            self._route(sub.pipeline, record)
+        else:
+            tx.routes.append((sub.pipeline, record))
+            self._immediate_receipt(frame)
+
+    def _begin(self, frame: Frame, now_ms: int) -> None:
+        name = self._required(frame, "transaction")
+        if name in self.transactions:
+            raise SessionError(f"transaction {name!r} is already open")
+        limit = self.config.transactions.max_open_per_connection
+        if len(self.transactions) >= limit:
+            raise SessionError(
+                f"ResourceAllocation: transactions max_open_per_connection {limit} reached"
+            )
+        self.transactions[name] = _Transaction(name)
+        self._immediate_receipt(frame)
+
+    def _commit(self, frame: Frame, now_ms: int) -> None:
+        tx = self._pop_transaction(frame)
+        pipelines: set[int] = set()
+        for pipeline, record in tx.routes:
+            self._route(pipeline, record)
+            pipelines.add(pipeline)
+        receipt = frame.headers.get("receipt", "")
+        if receipt:
+            self._receipt_after(pipelines, receipt, then_close=False)
+
+    def _abort(self, frame: Frame, now_ms: int) -> None:
+        self._pop_transaction(frame)
+        self._immediate_receipt(frame)
+
+    def _disconnect(self, frame: Frame, now_ms: int) -> None:
+        receipt = frame.headers.get("receipt", "")
+        self._abort_all()
+        if receipt:
+            # The receipt promises every earlier frame was handled: ask each pipeline
+            # this connection talked to, and close once all have answered.
+            self._receipt_after(set(self.touched), receipt, then_close=True)
+        else:
+            self.closing = True
+
+    _handlers = {
+        "SEND": _send,
+        "SUBSCRIBE": _subscribe,
+        "UNSUBSCRIBE": _unsubscribe,
+        "ACK": _ack,
+        "NACK": _nack,
+        "BEGIN": _begin,
+        "COMMIT": _commit,
+        "ABORT": _abort,
+        "DISCONNECT": _disconnect,
+    }
+
+    # -- records from pipelines ----------------------------------------------------------
+
+    def deliver(self, sub_handle: int, message: Message) -> bool:
+        """Append a MESSAGE frame for one delivery; False if the subscription is gone."""
+        sub = self.subs.get(sub_handle)
+        if sub is None or self.closing:
+            return False
+        headers = {
+            "subscription": sub.sub_id,
+            "message-id": message.message_id,
+            "destination": message.destination,
+        }
+        if sub.ack_mode != ACK_AUTO:
+            headers["ack"] = f"{sub.handle}:{message.message_id}"
+        if message.redelivered:
+            headers["redelivered"] = "true"
+        for key, value in message.headers.items():
+            if key not in headers:
+                headers[key] = value
+        self.out.append(encode_frame(Frame("MESSAGE", headers, message.body), self.version))
+        if sub.ack_mode == ACK_AUTO:
+            self.auto_delivered[sub.handle] = self.auto_delivered.get(sub.handle, 0) + 1
+        return True
+
+    def receipt(self, receipt: str) -> None:
+        if not self.closing:
+            self.out.append(encode_frame(Frame("RECEIPT", {"receipt-id": receipt}), self.version))
+
+    def refused(self, record: Refuse) -> None:
+        self.fail(record.message, record.detail, record.receipt)
+
+    def barrier_done(self, token: int, pipeline: int) -> None:
+        pending = self.pending_receipts.get(token)
+        if pending is None:
+            return
+        pending.waiting.discard(pipeline)
+        if not pending.waiting:
+            del self.pending_receipts[token]
+            self.receipt(pending.receipt)
+            if pending.then_close:
+                self.closing = True
+
+    def resubscribe(self, pipeline: int) -> None:
+        """A pipeline restarted: register again every subscription it owns."""
+        for sub in self.subs.values():
+            if sub.pipeline == pipeline:
+                record = Subscribe(
+                    self.conn, sub.handle, sub.sub_id, sub.destination, sub.ack_mode, sub.prefetch
+                )
+                self.routes.append((pipeline, record))
+        for token, pending in list(self.pending_receipts.items()):
+            if pipeline in pending.waiting:
+                self.routes.append((pipeline, Barrier(self.conn, token)))
+
+    def take_credits(self) -> list[tuple[int, Record]]:
+        """Credit records for auto-ack deliveries written since the last call."""
+        if not self.auto_delivered:
+            return []
+        by_pipeline: dict[int, list[tuple[int, int]]] = {}
+        for handle, count in self.auto_delivered.items():
+            sub = self.subs.get(handle)
+            if sub is not None:
+                by_pipeline.setdefault(sub.pipeline, []).append((handle, count))
+        self.auto_delivered = {}
+        return [(p, Credit(self.conn, subs)) for p, subs in by_pipeline.items()]
+
+    def close_records(self) -> list[tuple[int, Record]]:
+        """What pipelines must hear when the connection ends (after pending credits)."""
+        self._abort_all()
+        return [(p, ConnClosed(self.conn)) for p in sorted(self.touched)]
+
+    # -- helpers -------------------------------------------------------------------------
+
+    def fail(self, message: str, detail: str = "", receipt: str = "") -> None:
+        """Send an ERROR frame and close after it is written."""
+        if self.closing:
+            return
+        headers = {"message": message}
+        if receipt:
+            headers["receipt-id"] = receipt
+        body = (detail + "\n").encode() if detail else b""
+        if body:
+            headers["content-type"] = "text/plain"
+        self.out.append(encode_frame(Frame("ERROR", headers, body), self.version))
+        self.closing = True
+
+    def _route(self, pipeline: int, record: Record) -> None:
+        self.touched.add(pipeline)
+        self.routes.append((pipeline, record))
+
+    def _receipt_after(self, pipelines: set[int], receipt: str, *, then_close: bool) -> None:
+        if not pipelines:
+            self.receipt(receipt)
+            if then_close:
+                self.closing = True
+            return
+        token = next(self._tokens)
+        self.pending_receipts[token] = _PendingReceipt(receipt, set(pipelines), then_close)
+        for pipeline in sorted(pipelines):
+            self.routes.append((pipeline, Barrier(self.conn, token)))
+
+    def _immediate_receipt(self, frame: Frame) -> None:
+        receipt = frame.headers.get("receipt")
+        if receipt:
+            self.receipt(receipt)
+
+    def _required(self, frame: Frame, name: str) -> str:
+        value = frame.headers.get(name)
+        if not value:
+            raise SessionError(
+                f"{frame.command} needs a {name} header", receipt=frame.headers.get("receipt", "")
+            )
+        return value
+
+    def _owner(self, destination: str, receipt: str) -> int:
+        try:
+            return self.topology.owner(destination)
+        except UnknownDestination as exc:
+            raise SessionError(str(exc), receipt=receipt) from None
+
+    def _int_header(self, frame: Frame, name: str, default: int, *, minimum: int) -> int:
+        text = frame.headers.get(name)
+        if text is None:
+            return default
+        try:
+            value = int(text)
+        except ValueError:
+            value = minimum - 1
+        if value < minimum:
+            raise SessionError(
+                f"header {name}:{text!r} must be an integer >= {minimum}",
+                receipt=frame.headers.get("receipt", ""),
+            )
+        return value
+
+    def _transaction_of(self, frame: Frame) -> _Transaction | None:
+        name = frame.headers.get("transaction")
+        if name is None:
+            return None
+        tx = self.transactions.get(name)
+        if tx is None:
+            raise SessionError(
+                f"no open transaction {name!r}", receipt=frame.headers.get("receipt", "")
+            )
+        return tx
+
+    def _pop_transaction(self, frame: Frame) -> _Transaction:
+        name = self._required(frame, "transaction")
+        tx = self.transactions.pop(name, None)
+        if tx is None:
+            raise SessionError(
+                f"no open transaction {name!r}", receipt=frame.headers.get("receipt", "")
+            )
+        self.tx_budget.used -= tx.held_bytes
+        return tx
+
+    def _abort_all(self) -> None:
+        for tx in self.transactions.values():
+            self.tx_budget.used -= tx.held_bytes
+        self.transactions.clear()

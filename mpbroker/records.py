@@ -1,0 +1,214 @@
+"""Records passed between workers through the shared-memory rings.
+
+A ring record is `[length][kind][payload]`; `kind` says which record type the payload is
+and the payload is that type encoded with msgspec's msgpack (array-like structs: no field
+names on the wire, so a record costs little more than its strings and body).
+
+Gateway -> pipeline: Hello, Send, Subscribe, Unsubscribe, Ack, Nack, Credit, ConnClosed,
+Barrier. Pipeline -> gateway: PipelineHello, Deliver, Receipt, Refuse, BarrierDone.
+
+Identifiers: `gateway` and `pipeline` are worker indexes; `conn` is a connection id unique
+within a gateway across its restarts (the incarnation is in its high bits); `sub` is the
+gateway's handle for one subscription of one connection.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Final
+
+import msgspec
+
+__all__ = [
+    "ACK_AUTO",
+    "ACK_CLIENT",
+    "ACK_INDIVIDUAL",
+    "ACK_MODES",
+    "Ack",
+    "Barrier",
+    "BarrierDone",
+    "ConnClosed",
+    "Credit",
+    "Deliver",
+    "Hello",
+    "Message",
+    "Nack",
+    "PipelineHello",
+    "Receipt",
+    "Record",
+    "Refuse",
+    "Send",
+    "Subscribe",
+    "Unsubscribe",
+    "decode",
+    "encode",
+]
+
+ACK_AUTO: Final = 0
+ACK_CLIENT: Final = 1  # cumulative
+ACK_INDIVIDUAL: Final = 2  # client-individual
+ACK_MODES: Final = {"auto": ACK_AUTO, "client": ACK_CLIENT, "client-individual": ACK_INDIVIDUAL}
+
+
+class Message(msgspec.Struct, array_like=True, gc=False):
+    """One message as the broker keeps it. `headers` are the sender's own headers."""
+
+    message_id: str
+    destination: str
+    headers: dict[str, str]
+    body: bytes
+    timestamp_ms: int
+    persistent: bool = False
+    priority: int = 4
+    expires_ms: int = 0
+    redelivered: bool = False
+
+
+class Hello(msgspec.Struct, array_like=True, gc=False):
+    """A gateway (re)started: forget its old connections, it will re-register."""
+
+    gateway: int
+    incarnation: int
+
+
+class Send(msgspec.Struct, array_like=True, gc=False):
+    conn: int
+    message: Message
+    receipt: str = ""
+
+
+class Subscribe(msgspec.Struct, array_like=True, gc=False):
+    conn: int
+    sub: int
+    sub_id: str
+    destination: str
+    ack_mode: int
+    prefetch: int
+    receipt: str = ""
+
+
+class Unsubscribe(msgspec.Struct, array_like=True, gc=False):
+    conn: int
+    sub: int
+    receipt: str = ""
+
+
+class Ack(msgspec.Struct, array_like=True, gc=False):
+    conn: int
+    sub: int
+    message_id: str
+    receipt: str = ""
+
+
+class Nack(msgspec.Struct, array_like=True, gc=False):
+    conn: int
+    sub: int
+    message_id: str
+    receipt: str = ""
+
+
+class Credit(msgspec.Struct, array_like=True, gc=False):
+    """Auto-ack deliveries the gateway has written to the socket: (sub, count) pairs."""
+
+    conn: int
+    subs: list[tuple[int, int]]
+
+
+class ConnClosed(msgspec.Struct, array_like=True, gc=False):
+    conn: int
+
+
+class Barrier(msgspec.Struct, array_like=True, gc=False):
+    """Answered with BarrierDone once every earlier record of the connection was handled."""
+
+    conn: int
+    token: int
+
+
+class PipelineHello(msgspec.Struct, array_like=True, gc=False):
+    """A pipeline (re)started: send me the subscriptions you hold on my destinations."""
+
+    pipeline: int
+    incarnation: int
+
+
+class Deliver(msgspec.Struct, array_like=True, gc=False):
+    """Deliver one message to one or more subscriptions held by the receiving gateway."""
+
+    targets: list[tuple[int, int]]  # (conn, sub)
+    message: Message
+
+
+class Receipt(msgspec.Struct, array_like=True, gc=False):
+    conn: int
+    receipt: str
+
+
+class Refuse(msgspec.Struct, array_like=True, gc=False):
+    """The pipeline refused a frame: the gateway sends ERROR and closes the connection."""
+
+    conn: int
+    message: str
+    detail: str = ""
+    receipt: str = ""
+
+
+class BarrierDone(msgspec.Struct, array_like=True, gc=False):
+    conn: int
+    token: int
+    pipeline: int
+
+
+Record = (
+    Hello
+    | Send
+    | Subscribe
+    | Unsubscribe
+    | Ack
+    | Nack
+    | Credit
+    | ConnClosed
+    | Barrier
+    | PipelineHello
+    | Deliver
+    | Receipt
+    | Refuse
+    | BarrierDone
+)
+
+# Ring kind numbers; 0 is reserved by the ring itself.
+_KINDS: Final[tuple[type[Any], ...]] = (
+    Hello,
+    Send,
+    Subscribe,
+    Unsubscribe,
+    Ack,
+    Nack,
+    Credit,
+    ConnClosed,
+    Barrier,
+    PipelineHello,
+    Deliver,
+    Receipt,
+    Refuse,
+    BarrierDone,
+)
+KIND_OF: Final[dict[type[Any], int]] = {cls: i + 1 for i, cls in enumerate(_KINDS)}
+_DECODERS: Final[dict[int, msgspec.msgpack.Decoder[Any]]] = {
+    i + 1: msgspec.msgpack.Decoder(cls) for i, cls in enumerate(_KINDS)
+}
+_encode = msgspec.msgpack.Encoder().encode
+
+
+def encode(record: Record) -> tuple[int, bytes]:
+    """(ring kind, payload) for a record."""
+    return KIND_OF[type(record)], _encode(record)
+
+
+def decode(kind: int, payload: bytes) -> Record:
+    """The record a ring kind and payload stand for; ValueError for an unknown kind."""
+    try:
+        decoder = _DECODERS[kind]
+    except KeyError:
+        raise ValueError(f"unknown record kind {kind}") from None
+    result: Record = decoder.decode(payload)
+    return result

@@ -1,0 +1,66 @@
+"""Which pipeline owns a destination. Pure logic.
+
+A destination belongs to exactly one partition: `crc32(name) % partitions` among the
+workers of its kind (DESIGN.md). Pipelines are numbered p2p first, then pubsub:
+with P p2p and T pubsub workers, p2p i is pipeline i and pubsub j is pipeline P + j.
+"""
+
+from __future__ import annotations
+
+import zlib
+from dataclasses import dataclass
+from typing import Literal
+
+__all__ = ["QUEUE_PREFIX", "TOPIC_PREFIX", "Topology", "UnknownDestination", "parse_destination"]
+
+QUEUE_PREFIX = "/queue/"
+TOPIC_PREFIX = "/topic/"
+
+DestinationKind = Literal["queue", "topic"]
+
+
+class UnknownDestination(ValueError):
+    """A destination that is neither /queue/NAME nor /topic/NAME."""
+
+    def __init__(self, destination: str) -> None:
+        self.destination = destination
+        super().__init__(f"unknown destination {destination!r}: use /queue/NAME or /topic/NAME")
+
+
+def parse_destination(destination: str) -> tuple[DestinationKind, str]:
+    """('queue' | 'topic', name); UnknownDestination otherwise."""
+    if destination.startswith(QUEUE_PREFIX):
+        kind: DestinationKind = "queue"
+        name = destination[len(QUEUE_PREFIX) :]
+    elif destination.startswith(TOPIC_PREFIX):
+        kind = "topic"
+        name = destination[len(TOPIC_PREFIX) :]
+    else:
+        raise UnknownDestination(destination)
+    if not name or any(ord(c) < 32 for c in name):
+        raise UnknownDestination(destination)
+    return kind, name
+
+
+@dataclass(frozen=True, slots=True)
+class Topology:
+    p2p: int
+    pubsub: int
+
+    @property
+    def pipelines(self) -> int:
+        return self.p2p + self.pubsub
+
+    def owner(self, destination: str) -> int:
+        """Index of the pipeline that owns `destination` (UnknownDestination if invalid)."""
+        kind, name = parse_destination(destination)
+        digest = zlib.crc32(name.encode())
+        if kind == "queue":
+            return digest % self.p2p
+        return self.p2p + digest % self.pubsub
+
+    def role(self, pipeline: int) -> tuple[str, int]:
+        """('p2p', i) or ('pubsub', j) for a pipeline index."""
+        if pipeline < self.p2p:
+            return "p2p", pipeline
+        return "pubsub", pipeline - self.p2p

@@ -1,0 +1,414 @@
+"""Gateway worker: STOMP over TCP (trio) on one side, rings to the pipelines on the other.
+
+A thin shell: `FrameParser` turns bytes into frames, `GatewaySession` decides what they
+mean, and this module moves bytes between sockets and rings. Every gateway listens on the
+same port with SO_REUSEPORT, so the kernel spreads connections over them.
+"""
+
+from __future__ import annotations
+
+import errno
+import itertools
+import logging
+import os
+import signal
+import socket
+import time
+
+import trio
+
+from mpbroker import records
+from mpbroker.gateway_session import GatewaySession, SessionState, TransactionBudget
+from mpbroker.records import Hello, Record
+from mpbroker.shm import (
+    STATE_READY,
+    STATE_STOPPING,
+    ControlBlock,
+    Doorbell,
+    Ring,
+    RingReader,
+    RingWriter,
+    park_async,
+)
+from mpbroker.stomp import (
+    CLIENT_COMMANDS,
+    HEARTBEAT_BYTES,
+    Frame,
+    FrameLimits,
+    FrameParser,
+    ProtocolError,
+    encode_frame,
+)
+
+from ._layout import WorkerSpec
+
+__all__ = ["run_gateway"]
+
+log = logging.getLogger("mpbroker.gateway")
+
+# Control-block counters of a gateway slot.
+COUNTER_CONNECTIONS = 0
+COUNTER_FRAMES_IN = 1
+COUNTER_MESSAGES_OUT = 2
+
+_RECV_BYTES = 64 * 1024  # one socket read; frames within are handled as one batch
+_LISTEN_BACKLOG = 1024
+
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+class _Port:
+    """The writing end of one gateway->pipeline ring."""
+
+    def __init__(self, writer: RingWriter) -> None:
+        self.writer = writer
+        self.dirty = False
+
+    async def send(self, record: Record) -> None:
+        kind, payload = records.encode(record)
+        if not self.writer.stage(kind, payload):
+            # Full: `put` publishes what is staged first, then waits for room.
+            await self.writer.put(kind, payload)
+        self.dirty = True
+
+    def flush(self) -> None:
+        if self.dirty:
+            self.writer.publish()
+            self.dirty = False
+
+
+class _Connection:
+    def __init__(self, session: GatewaySession, stream: trio.SocketStream, peer: str) -> None:
+        self.session = session
+        self.stream = stream
+        self.peer = peer
+        self.wake = trio.Event()
+        self.last_received = time.monotonic()
+
+    def notify(self) -> None:
+        self.wake.set()
+
+
+class Gateway:
+    def __init__(self, spec: WorkerSpec) -> None:
+        self.spec = spec
+        self.config = spec.config
+        layout = spec.layout
+        self.layout = layout
+        self.index = spec.index
+        self.control = ControlBlock.attach(layout.control)
+        self.slot = self.control.slot(spec.slot)
+        self.doorbell = Doorbell.create(layout.gateway_bell(spec.index))
+        pipelines = layout.topology.pipelines
+        self.pipeline_bells = [Doorbell.attach(layout.pipeline_bell(p)) for p in range(pipelines)]
+        self.rings: list[Ring] = []
+        self.ports: list[_Port] = []
+        self.readers: list[RingReader] = []
+        for p in range(pipelines):
+            out_ring = Ring.attach(layout.to_pipeline(spec.index, p))
+            in_ring = Ring.attach(layout.to_gateway(p, spec.index))
+            self.rings += [out_ring, in_ring]
+            self.ports.append(_Port(out_ring.writer(self.pipeline_bells[p])))
+            self.readers.append(in_ring.reader())
+        self.connections: dict[int, _Connection] = {}
+        # Connection ids stay unique across restarts of this gateway: incarnation in the
+        # high bits, so a pipeline never confuses a new connection with a dead one's.
+        self._conn_ids = itertools.count((spec.incarnation << 40) + 1)
+        prefix = f"ID:{layout.instance}-{spec.index}.{spec.incarnation}-"
+        self.message_ids = (f"{prefix}{n}" for n in itertools.count(1))
+        self.tx_budget = TransactionBudget(self.config.transactions.max_uncommitted_bytes)
+        stomp = self.config.stomp
+        self.limits = FrameLimits(
+            max_frame_bytes=stomp.max_frame_bytes,
+            max_headers=stomp.max_headers,
+            max_header_bytes=stomp.max_header_bytes,
+        )
+        self.stopping = False
+
+    # -- rings ---------------------------------------------------------------------------
+
+    async def route(self, routes: list[tuple[int, Record]]) -> None:
+        for pipeline, record in routes:
+            await self.ports[pipeline].send(record)
+        routes.clear()
+        for port in self.ports:
+            port.flush()
+
+    async def pump(self) -> None:
+        """Take records from the pipelines and turn them into frames for connections."""
+        batch_records = self.config.rings.batch_records
+        park_timeout = self.config.rings.park_timeout_ms / 1000
+        decode = records.decode
+        while True:
+            touched: set[_Connection] = set()
+            pending_routes: list[tuple[int, Record]] = []
+            got = False
+            for reader in self.readers:
+                batch = reader.read_batch(batch_records)
+                if not batch:
+                    continue
+                got = True
+                for kind, payload in batch:
+                    self._apply(decode(kind, payload), touched, pending_routes)
+            for conn in touched:
+                conn.notify()
+            if pending_routes:
+                await self.route(pending_routes)
+            if got:
+                self.slot.beat()
+                await trio.lowlevel.checkpoint()
+            else:
+                await park_async(self.readers, self.doorbell, park_timeout)
+
+    def _apply(
+        self,
+        record: Record,
+        touched: set[_Connection],
+        pending_routes: list[tuple[int, Record]],
+    ) -> None:
+        match record:
+            case records.Deliver(targets=targets, message=message):
+                for conn_id, sub in targets:
+                    conn = self.connections.get(conn_id)
+                    if conn is not None and conn.session.deliver(sub, message):
+                        touched.add(conn)
+            case records.Receipt(conn=conn_id, receipt=receipt):
+                conn = self.connections.get(conn_id)
+                if conn is not None:
+                    conn.session.receipt(receipt)
+                    touched.add(conn)
+            case records.Refuse(conn=conn_id):
+                conn = self.connections.get(conn_id)
+                if conn is not None:
+                    log.warning("refused a frame from %s: %s", conn.peer, record.message)
+                    conn.session.refused(record)
+                    touched.add(conn)
+            case records.BarrierDone(conn=conn_id, token=token, pipeline=pipeline):
+                conn = self.connections.get(conn_id)
+                if conn is not None:
+                    conn.session.barrier_done(token, pipeline)
+                    touched.add(conn)
+            case records.PipelineHello(pipeline=pipeline, incarnation=incarnation):
+                if incarnation > 0:
+                    log.info("pipeline %d restarted: re-registering subscriptions", pipeline)
+                for conn in self.connections.values():
+                    conn.session.resubscribe(pipeline)
+                    pending_routes.extend(conn.session.routes)
+                    conn.session.routes.clear()
+            case _:
+                log.error("unexpected record from a pipeline: %r", type(record).__name__)
+
+    # -- connections ---------------------------------------------------------------------
+
+    def _open_connections(self) -> int:
+        """Connections open on every gateway (each gateway counts its own in its slot)."""
+        total = 0
+        for g in range(self.layout.gateways):
+            total += self.control.slot(self.layout.gateway_slot(g)).counter(COUNTER_CONNECTIONS)
+        return total
+
+    async def serve_connection(self, stream: trio.SocketStream) -> None:
+        try:
+            peer = "%s:%s" % stream.socket.getpeername()[:2]
+        except OSError:
+            peer = "?"
+        limit = self.config.broker.max_connections
+        if self.stopping or self._open_connections() >= limit:
+            await self._refuse(stream, peer, limit)
+            return
+        conn_id = next(self._conn_ids)
+        session = GatewaySession(
+            conn_id, self.config, self.layout.topology, self.message_ids, self.tx_budget
+        )
+        conn = _Connection(session, stream, peer)
+        self.connections[conn_id] = conn
+        self.slot.add_counter(COUNTER_CONNECTIONS, 1)
+        try:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self._writer, conn)
+                await self._reader(conn)
+                conn.notify()
+        finally:
+            del self.connections[conn_id]
+            self.slot.add_counter(COUNTER_CONNECTIONS, -1)
+            routes = session.take_credits() + session.close_records()
+            with trio.CancelScope(shield=True):
+                await self.route(routes)
+                await stream.aclose()
+
+    async def _refuse(self, stream: trio.SocketStream, peer: str, limit: int) -> None:
+        reason = "broker is shutting down" if self.stopping else f"max_connections {limit} reached"
+        log.warning("refused connection from %s: %s", peer, reason)
+        frame = Frame("ERROR", {"message": f"connection refused: {reason}"})
+        with trio.move_on_after(1):
+            try:
+                await stream.send_all(encode_frame(frame))
+            except trio.BrokenResourceError:
+                pass
+        await stream.aclose()
+
+    async def _reader(self, conn: _Connection) -> None:
+        session = conn.session
+        parser = FrameParser(self.limits, commands=CLIENT_COMMANDS)
+        stomp = self.config.stomp
+        connect_deadline = trio.current_time() + stomp.connect_timeout_ms / 1000
+        while not session.closing:
+            if session.state == SessionState.AWAIT_CONNECT:
+                deadline = connect_deadline
+            elif session.heartbeat[1]:
+                deadline = trio.current_time() + session.heartbeat[1] * stomp.heartbeat_grace / 1000
+            else:
+                deadline = float("inf")
+            with trio.CancelScope(deadline=deadline) as scope:
+                try:
+                    data = await conn.stream.receive_some(_RECV_BYTES)
+                except (trio.BrokenResourceError, trio.ClosedResourceError):
+                    data = b""
+            if scope.cancelled_caught:
+                if session.state == SessionState.AWAIT_CONNECT:
+                    reason = f"no CONNECT within connect_timeout_ms {stomp.connect_timeout_ms}"
+                else:
+                    reason = (
+                        f"no heart-beat or frame for {session.heartbeat[1] * stomp.heartbeat_grace:.0f} ms "
+                        f"(negotiated heart-beat {session.heartbeat[1]} ms)"
+                    )
+                log.info("closing %s: %s", conn.peer, reason)
+                session.fail(reason)
+                break
+            if not data:
+                # The client went away: nothing more can be written to it.
+                session.closing = True
+                session.out.clear()
+                session.pending_receipts.clear()
+                break
+            try:
+                frames = parser.feed(data)
+            except ProtocolError as exc:
+                log.warning("protocol error from %s: %s", conn.peer, exc)
+                session.fail(str(exc))
+                frames = []
+            now = _now_ms()
+            for frame in frames:
+                was_connected = session.state == SessionState.CONNECTED
+                session.on_frame(frame, now)
+                if not was_connected and session.state == SessionState.CONNECTED:
+                    parser.version = session.version
+                    conn.notify()  # heart-beat intervals changed
+                if session.closing:
+                    break
+            self.slot.add_counter(COUNTER_FRAMES_IN, len(frames))
+            if session.routes:
+                await self.route(session.routes)
+            if session.out:
+                conn.notify()
+
+    async def _writer(self, conn: _Connection) -> None:
+        session = conn.session
+        stream = conn.stream
+        while True:
+            if not session.out:
+                if session.closing and not session.pending_receipts:
+                    return
+                send_every = session.heartbeat[0]
+                timeout = send_every / 1000 if send_every else float("inf")
+                with trio.move_on_after(timeout) as scope:
+                    await conn.wake.wait()
+                conn.wake = trio.Event()
+                if scope.cancelled_caught and not session.out:
+                    session.out.append(HEARTBEAT_BYTES)
+                if not session.out:
+                    continue
+            data = b"".join(session.out)
+            session.out.clear()
+            credits = session.take_credits()
+            try:
+                await stream.send_all(data)
+            except (trio.BrokenResourceError, trio.ClosedResourceError):
+                session.closing = True
+                session.out.clear()
+                return
+            finally:
+                # Written (or possibly written) auto-ack deliveries free window space.
+                if credits:
+                    with trio.CancelScope(shield=True):
+                        await self.route(credits)
+            if session.closing and not session.out and not session.pending_receipts:
+                return
+
+    # -- lifecycle -----------------------------------------------------------------------
+
+    async def shutdown_connections(self) -> None:
+        """SIGTERM: tell every client, let the writers flush, then stop."""
+        self.stopping = True
+        for conn in list(self.connections.values()):
+            conn.session.fail("broker is shutting down")
+            conn.notify()
+        with trio.move_on_after(2):
+            while self.connections:
+                await trio.sleep(0.01)
+
+    def close(self) -> None:
+        for ring in self.rings:
+            ring.close()
+        for bell in self.pipeline_bells:
+            bell.close()
+        self.doorbell.close()
+        self.control.close()
+
+
+def _listen_socket(host: str, port: int) -> trio.socket.SocketType:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = trio.socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    return sock
+
+
+async def _main(spec: WorkerSpec) -> None:
+    gateway = Gateway(spec)
+    try:
+        sock = _listen_socket(spec.config.broker.host, spec.port)
+        try:
+            await sock.bind((spec.config.broker.host, spec.port))
+        except OSError as exc:
+            if exc.errno == errno.EADDRINUSE:
+                raise OSError(
+                    exc.errno, f"cannot listen on {spec.config.broker.host}:{spec.port}: in use"
+                ) from None
+            raise
+        sock.listen(_LISTEN_BACKLOG)
+        listener = trio.SocketListener(sock)
+        hello = Hello(spec.index, spec.incarnation)
+        await gateway.route([(p, hello) for p in range(len(gateway.ports))])
+        gateway.slot.pid = os.getpid()
+        gateway.slot.incarnation = spec.incarnation
+        gateway.slot.state = STATE_READY
+        with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(gateway.pump)
+                accepting = trio.CancelScope()
+
+                async def accept() -> None:
+                    with accepting:
+                        # Connections run in the outer nursery, so that stopping the
+                        # accept loop leaves them open until they are told to close.
+                        await trio.serve_listeners(
+                            gateway.serve_connection, [listener], handler_nursery=nursery
+                        )
+
+                nursery.start_soon(accept)
+                async for _ in signals:
+                    break
+                gateway.slot.state = STATE_STOPPING
+                accepting.cancel()
+                await listener.aclose()
+                await gateway.shutdown_connections()
+                nursery.cancel_scope.cancel()
+    finally:
+        gateway.close()
+
+
+def run_gateway(spec: WorkerSpec) -> None:
+    trio.run(_main, spec)

@@ -1,0 +1,156 @@
+"""Pipeline worker (p2p or pubsub): rings from the gateways -> engine -> rings back.
+
+A plain synchronous loop, no event loop: it has no sockets. It drains every inbound ring
+in batches, lets the engine handle each record, writes the engine's output with one ring
+publish per gateway per batch, and parks on its doorbell when there is nothing to do.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import time
+from collections import deque
+from types import FrameType
+
+from mpbroker import records
+from mpbroker.engine import Outbox, QueueEngine, TopicEngine
+from mpbroker.records import Hello, PipelineHello
+from mpbroker.shm import STATE_READY, ControlBlock, Doorbell, Ring, RingReader, RingWriter, park
+
+from ._layout import WorkerSpec
+
+__all__ = ["run_pipeline"]
+
+log = logging.getLogger("mpbroker.pipeline")
+
+COUNTER_RECEIVED = 0
+COUNTER_DELIVERED = 1
+
+
+class _Stop(Exception):
+    pass
+
+
+def _on_signal(signum: int, frame: FrameType | None) -> None:
+    raise _Stop
+
+
+class Pipeline:
+    def __init__(self, spec: WorkerSpec) -> None:
+        self.spec = spec
+        layout = spec.layout
+        config = spec.config
+        self.index = spec.index
+        self.control = ControlBlock.attach(layout.control)
+        self.slot = self.control.slot(spec.slot)
+        self.doorbell = Doorbell.create(layout.pipeline_bell(spec.index))
+        self.gateway_bells = [
+            Doorbell.attach(layout.gateway_bell(g)) for g in range(layout.gateways)
+        ]
+        self.rings: list[Ring] = []
+        self.readers: list[RingReader] = []
+        self.writers: list[RingWriter] = []
+        for g in range(layout.gateways):
+            in_ring = Ring.attach(layout.to_pipeline(g, spec.index))
+            out_ring = Ring.attach(layout.to_gateway(spec.index, g))
+            self.rings += [in_ring, out_ring]
+            self.readers.append(in_ring.reader())
+            self.writers.append(out_ring.writer(self.gateway_bells[g]))
+        # Encoded records a full ring could not take yet, per gateway, in order.
+        self.backlog: list[deque[tuple[int, bytes]]] = [deque() for _ in range(layout.gateways)]
+        self.outbox = Outbox()
+        self.engine: QueueEngine | TopicEngine
+        if spec.role == "p2p":
+            self.engine = QueueEngine(config.queues, spec.index, self.outbox)
+        else:
+            self.engine = TopicEngine(config.topics, spec.index, self.outbox)
+
+    def announce(self) -> None:
+        """Tell every gateway we (re)started so it registers its subscriptions again."""
+        hello = PipelineHello(self.spec.index, self.spec.incarnation)
+        for g in range(len(self.writers)):
+            self.outbox.add(g, hello)
+        self.flush()
+
+    def step(self) -> bool:
+        """Handle one batch from every ring; True if there was anything to do."""
+        batch_records = self.spec.config.rings.batch_records
+        handle = self.engine.handle
+        decode = records.decode
+        busy = False
+        for gateway, reader in enumerate(self.readers):
+            batch = reader.read_batch(batch_records)
+            if not batch:
+                continue
+            busy = True
+            for kind, payload in batch:
+                record = decode(kind, payload)
+                if type(record) is Hello:
+                    # That gateway restarted: what we still owed its old connections is moot.
+                    self.backlog[gateway].clear()
+                    if record.incarnation > 0:
+                        log.info("gateway %d restarted: dropping its consumers", gateway)
+                handle(gateway, record)
+        self.flush()
+        return busy
+
+    def flush(self) -> None:
+        for gateway, batch in self.outbox.take().items():
+            backlog = self.backlog[gateway]
+            for record in batch:
+                backlog.append(records.encode(record))
+        for gateway, backlog in enumerate(self.backlog):
+            if not backlog:
+                continue
+            writer = self.writers[gateway]
+            while backlog:
+                kind, payload = backlog[0]
+                if not writer.stage(kind, payload):
+                    break
+                backlog.popleft()
+            writer.publish()
+
+    def run(self) -> None:
+        park_timeout = self.spec.config.rings.park_timeout_ms / 1000
+        parent = os.getppid()
+        self.announce()
+        self.slot.pid = os.getpid()
+        self.slot.incarnation = self.spec.incarnation
+        self.slot.state = STATE_READY
+        while True:
+            busy = self.step()
+            self.slot.beat()
+            self.slot.set_counter(COUNTER_RECEIVED, self.engine.received)
+            self.slot.set_counter(COUNTER_DELIVERED, self.engine.delivered)
+            if busy:
+                continue
+            if any(self.backlog):
+                # A gateway is slow or restarting: retry soon rather than park.
+                time.sleep(0.001)
+                continue
+            if os.getppid() != parent:
+                log.warning("supervisor is gone: stopping")
+                return
+            park(self.readers, self.doorbell, park_timeout)
+
+    def close(self) -> None:
+        for ring in self.rings:
+            ring.close()
+        for bell in self.gateway_bells:
+            bell.close()
+        self.doorbell.close()
+        self.control.close()
+
+
+def run_pipeline(spec: WorkerSpec) -> None:
+    signal.signal(signal.SIGTERM, _on_signal)
+    signal.signal(signal.SIGINT, _on_signal)
+    pipeline = Pipeline(spec)
+    try:
+        pipeline.run()
+    except _Stop:
+        log.debug("stopping on signal")
+    finally:
+        pipeline.close()

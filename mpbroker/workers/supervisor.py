@@ -1,0 +1,324 @@
+"""Supervisor: creates the shared segments, spawns the workers, restarts the ones that die.
+
+`mpbroker serve` runs this in the foreground. It owns every segment of its instance
+(named after its pid) and removes them on a clean stop; a start first sweeps the segments
+of instances that died without cleaning up (kill -9).
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing
+import multiprocessing.connection
+import os
+import signal
+import socket
+import time
+from dataclasses import dataclass, field
+from multiprocessing.process import BaseProcess
+from pathlib import Path
+from types import FrameType
+
+from mpbroker.config import Config
+from mpbroker.routing import Topology
+from mpbroker.shm import (
+    STATE_EMPTY,
+    STATE_READY,
+    ControlBlock,
+    Doorbell,
+    Ring,
+    remove_instance,
+    sweep_stale,
+)
+
+from ._bootstrap import worker_entry
+from ._layout import Layout, WorkerSpec
+
+__all__ = ["StartupError", "serve"]
+
+log = logging.getLogger("mpbroker.supervisor")
+
+_SLOT_COUNTERS = 16
+# A worker that dies sooner than this after starting is "crash looping": back off.
+_STABLE_AFTER_S = 5.0
+_FIRST_BACKOFF_S = 0.1
+_STARTUP_TIMEOUT_S = 60.0
+
+
+class StartupError(RuntimeError):
+    """The broker could not start; the message says why."""
+
+
+@dataclass(eq=False)
+class _Worker:
+    role: str
+    index: int
+    incarnation: int = 0
+    process: BaseProcess | None = None
+    started_at: float = 0.0
+    backoff_s: float = 0.0
+    restart_at: float | None = None
+    spec_title: str = ""
+    exit_codes: list[int | None] = field(default_factory=list)
+
+
+class Supervisor:
+    def __init__(self, config: Config) -> None:
+        self.config = config
+        self.instance = str(os.getpid())
+        broker = config.broker
+        self.layout = Layout(
+            self.instance,
+            broker.gateway_count(),
+            Topology(broker.p2p_workers, broker.pubsub_workers),
+        )
+        self.ctx = multiprocessing.get_context("spawn")
+        self.workers: list[_Worker] = []
+        self.rings: list[Ring] = []
+        self.bells: list[Doorbell] = []
+        self.control: ControlBlock | None = None
+        self.port_holder: socket.socket | None = None
+        self.port = broker.port
+        self.stop_requested = False
+        self._wakeup_r, self._wakeup_w = socket.socketpair()
+
+    # -- set-up --------------------------------------------------------------------------
+
+    def create_segments(self) -> None:
+        removed = sweep_stale()
+        if removed:
+            log.info("removed %d shared-memory entries of dead broker instances", len(removed))
+        layout = self.layout
+        capacity = self.config.rings.capacity_bytes
+        self.control = ControlBlock.create(layout.control, layout.workers)
+        # Doorbell FIFOs exist from the start so writers can attach before their reader
+        # runs; each reader re-creates its own when it starts (see Doorbell.create).
+        for g in range(layout.gateways):
+            self.bells.append(Doorbell.create(layout.gateway_bell(g)))
+        for p in range(layout.topology.pipelines):
+            self.bells.append(Doorbell.create(layout.pipeline_bell(p)))
+        for bell in self.bells:
+            bell.close()
+        for p in range(layout.topology.pipelines):
+            for g in range(layout.gateways):
+                self.rings.append(Ring.create(layout.to_pipeline(g, p), capacity))
+                self.rings.append(Ring.create(layout.to_gateway(p, g), capacity))
+        total = capacity * len(self.rings)
+        log.debug("created %d rings of %d bytes (%d bytes)", len(self.rings), capacity, total)
+
+    def reserve_port(self) -> None:
+        """Bind (without listening) so the port stays ours across gateway restarts.
+
+        A bound socket that does not listen receives no connections; the gateways bind the
+        same port with SO_REUSEPORT and listen. With --port 0 this is how the port is chosen.
+        """
+        host = self.config.broker.host
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        try:
+            sock.bind((host, self.config.broker.port))
+        except OSError as exc:
+            sock.close()
+            raise StartupError(
+                f"cannot bind {host}:{self.config.broker.port}: {exc.strerror}"
+            ) from None
+        self.port_holder = sock
+        self.port = sock.getsockname()[1]
+
+    def _spec(self, worker: _Worker) -> WorkerSpec:
+        return WorkerSpec(
+            worker.role, worker.index, worker.incarnation, self.layout, self.config, self.port
+        )
+
+    def _slot_index(self, worker: _Worker) -> int:
+        if worker.role == "gateway":
+            return self.layout.gateway_slot(worker.index)
+        return self.layout.pipeline_slot(worker.index)
+
+    def start_worker(self, worker: _Worker) -> None:
+        assert self.control is not None
+        slot = self.control.slot(self._slot_index(worker))
+        # The dead worker can no longer write its slot; start its successor from zero.
+        slot.state = STATE_EMPTY
+        for i in range(_SLOT_COUNTERS):
+            slot.set_counter(i, 0)
+        spec = self._spec(worker)
+        worker.spec_title = spec.title
+        process = self.ctx.Process(
+            target=worker_entry, args=(spec,), name=f"mpbroker-{spec.title}", daemon=False
+        )
+        process.start()
+        worker.process = process
+        worker.started_at = time.monotonic()
+        worker.restart_at = None
+
+    def start_all(self) -> None:
+        topology = self.layout.topology
+        for g in range(self.layout.gateways):
+            self.workers.append(_Worker("gateway", g))
+        for p in range(topology.pipelines):
+            role, _ = topology.role(p)
+            self.workers.append(_Worker(role, p))
+        # Pipelines first: gateways announce themselves to them on start.
+        for worker in sorted(self.workers, key=lambda w: w.role == "gateway"):
+            self.start_worker(worker)
+
+    def wait_ready(self) -> None:
+        assert self.control is not None
+        deadline = time.monotonic() + _STARTUP_TIMEOUT_S
+        while True:
+            if self.stop_requested:
+                raise StartupError("stopped by a signal while starting")
+            missing = [
+                w
+                for w in self.workers
+                if self.control.slot(self._slot_index(w)).state != STATE_READY
+            ]
+            if not missing:
+                return
+            for w in missing:
+                if w.process is not None and not w.process.is_alive():
+                    raise StartupError(
+                        f"{w.spec_title} exited with code {w.process.exitcode} while starting "
+                        "(see its log lines above)"
+                    )
+            if time.monotonic() > deadline:
+                names = ", ".join(w.spec_title for w in missing)
+                raise StartupError(f"workers not ready after {_STARTUP_TIMEOUT_S:.0f} s: {names}")
+            time.sleep(0.02)
+
+    # -- running -------------------------------------------------------------------------
+
+    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
+        if signum == signal.SIGHUP:
+            return  # the wake-up fd carries it to the loop
+        self.stop_requested = True
+
+    def install_signals(self) -> None:
+        self._wakeup_w.setblocking(False)
+        signal.set_wakeup_fd(self._wakeup_w.fileno(), warn_on_full_buffer=False)
+        for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+            signal.signal(signum, self._on_signal)
+
+    def watch(self) -> None:
+        """Restart workers that die, until a stop signal."""
+        max_backoff = self.config.broker.restart_backoff_max_ms / 1000
+        while not self.stop_requested:
+            now = time.monotonic()
+            timeouts = [w.restart_at - now for w in self.workers if w.restart_at is not None]
+            timeout = max(0.0, min([0.5, *timeouts]))
+            sentinels: list[object] = [self._wakeup_r]
+            sentinels += [w.process.sentinel for w in self.workers if w.process is not None]
+            ready = multiprocessing.connection.wait(sentinels, timeout)  # type: ignore[arg-type]
+            if self._wakeup_r in ready:
+                try:
+                    self._wakeup_r.recv(512)
+                except BlockingIOError:
+                    pass
+            if self.stop_requested:
+                break
+            now = time.monotonic()
+            for worker in self.workers:
+                process = worker.process
+                if process is not None and not process.is_alive():
+                    process.join()
+                    code = process.exitcode
+                    how = (
+                        f"killed by signal {-code}"
+                        if code is not None and code < 0
+                        else f"exited with code {code}"
+                    )
+                    lived = now - worker.started_at
+                    if lived < _STABLE_AFTER_S:
+                        worker.backoff_s = min(
+                            max_backoff, max(_FIRST_BACKOFF_S, worker.backoff_s * 2)
+                        )
+                    else:
+                        worker.backoff_s = 0.0
+                    log.error(
+                        "%s (pid %s) %s after %.1f s; restarting in %.1f s",
+                        worker.spec_title,
+                        process.pid,
+                        how,
+                        lived,
+                        worker.backoff_s,
+                    )
+                    worker.process = None
+                    worker.restart_at = now + worker.backoff_s
+                if (
+                    worker.process is None
+                    and worker.restart_at is not None
+                    and now >= worker.restart_at
+                ):
+                    worker.incarnation += 1
+                    self.start_worker(worker)
+                    log.info(
+                        "%s restarted (pid %s, incarnation %d)",
+                        worker.spec_title,
+                        worker.process.pid if worker.process else "?",
+                        worker.incarnation,
+                    )
+
+    # -- stopping ------------------------------------------------------------------------
+
+    def stop_workers(self) -> None:
+        """Gateways first (they tell their clients), then pipelines; kill what hangs."""
+        timeout = self.config.broker.shutdown_timeout_ms / 1000
+        for group in ("gateway", "pipeline"):
+            procs = [
+                w.process
+                for w in self.workers
+                if w.process is not None and (w.role == "gateway") == (group == "gateway")
+            ]
+            for p in procs:
+                if p.is_alive() and p.pid is not None:
+                    os.kill(p.pid, signal.SIGTERM)
+            deadline = time.monotonic() + timeout
+            for p in procs:
+                p.join(max(0.0, deadline - time.monotonic()))
+                if p.is_alive():
+                    log.warning("%s did not stop in %.1f s: killing it", p.name, timeout)
+                    p.kill()
+                    p.join()
+
+    def cleanup(self) -> None:
+        for ring in self.rings:
+            ring.close()
+            ring.unlink()
+        if self.control is not None:
+            self.control.close()
+            self.control.unlink()
+        # Anything of this instance left behind (e.g. by a worker) goes too.
+        remove_instance(self.instance)
+        if self.port_holder is not None:
+            self.port_holder.close()
+        signal.set_wakeup_fd(-1)
+        self._wakeup_r.close()
+        self._wakeup_w.close()
+
+
+def serve(config: Config) -> int:
+    """Run the broker in the foreground until SIGTERM/SIGINT; returns the exit code."""
+    Path(config.broker.data_dir).mkdir(parents=True, exist_ok=True)
+    supervisor = Supervisor(config)
+    supervisor.install_signals()
+    try:
+        supervisor.create_segments()
+        supervisor.reserve_port()
+        supervisor.start_all()
+        supervisor.wait_ready()
+        log.info("mpbroker ready on %s:%d", config.broker.host, supervisor.port)
+        supervisor.watch()
+        log.info("stopping")
+        return 0
+    except StartupError as exc:
+        if supervisor.stop_requested:
+            return 0
+        log.error("cannot start: %s", exc)
+        return 1
+    finally:
+        supervisor.stop_workers()
+        supervisor.cleanup()
+        log.info("stopped")
