@@ -13,8 +13,9 @@ No sockets, no clocks: times come in as arguments.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 from mpbroker.config import Config
 from mpbroker.records import (
@@ -122,6 +123,8 @@ class GatewaySession:
         self.out: list[bytes] = []
         self.routes: list[tuple[int, Record]] = []
         self.closing = False
+        # DISCONNECT seen: no more frames are read, the connection closes after its receipt.
+        self.disconnecting = False
         self.subs_by_id: dict[str, _Subscription] = {}
         self.subs: dict[int, _Subscription] = {}
         self._handles = itertools.count(1)
@@ -131,11 +134,20 @@ class GatewaySession:
         self.pending_receipts: dict[int, _PendingReceipt] = {}
         self.auto_delivered: dict[int, int] = {}
 
+    @property
+    def connected(self) -> bool:
+        return self.state == SessionState.CONNECTED
+
+    def is_closing(self) -> bool:
+        """Whether the connection ends once `out` is written (a method, not an attribute
+        read, because every handler may change it)."""
+        return self.closing
+
     # -- frames from the client ----------------------------------------------------------
 
     def on_frame(self, frame: Frame, now_ms: int) -> None:
         """Handle one client frame; a client mistake becomes an ERROR and `closing`."""
-        if self.closing:
+        if self.closing or self.disconnecting:
             return
         try:
             self._dispatch(frame, now_ms)
@@ -327,6 +339,7 @@ class GatewaySession:
         self._immediate_receipt(frame)
 
     def _disconnect(self, frame: Frame, now_ms: int) -> None:
+        self.disconnecting = True
         receipt = frame.headers.get("receipt", "")
         self._abort_all()
         if receipt:
@@ -336,7 +349,7 @@ class GatewaySession:
         else:
             self.closing = True
 
-    _handlers = {
+    _handlers: ClassVar[dict[str, Callable[[GatewaySession, Frame, int], None]]] = {
         "SEND": _send,
         "SUBSCRIBE": _subscribe,
         "UNSUBSCRIBE": _unsubscribe,

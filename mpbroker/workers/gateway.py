@@ -7,6 +7,7 @@ same port with SO_REUSEPORT, so the kernel spreads connections over them.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import itertools
 import logging
@@ -211,7 +212,8 @@ class Gateway:
 
     async def serve_connection(self, stream: trio.SocketStream) -> None:
         try:
-            peer = "%s:%s" % stream.socket.getpeername()[:2]
+            host, port = stream.socket.getpeername()[:2]
+            peer = f"{host}:{port}"
         except OSError:
             peer = "?"
         limit = self.config.broker.max_connections
@@ -227,9 +229,15 @@ class Gateway:
         self.slot.add_counter(COUNTER_CONNECTIONS, 1)
         try:
             async with trio.open_nursery() as nursery:
-                nursery.start_soon(self._writer, conn)
-                await self._reader(conn)
-                conn.notify()
+                nursery.start_soon(self._reader, conn)
+                # The writer decides when the connection ends: once the session is
+                # closing and everything owed to the client (ERROR, RECEIPT) is written.
+                await self._writer(conn)
+                nursery.cancel_scope.cancel()
+        except Exception:
+            # One connection's failure must never take the gateway (and every other
+            # connection on it) down.
+            log.exception("connection from %s failed", peer)
         finally:
             del self.connections[conn_id]
             self.slot.add_counter(COUNTER_CONNECTIONS, -1)
@@ -242,19 +250,22 @@ class Gateway:
         reason = "broker is shutting down" if self.stopping else f"max_connections {limit} reached"
         log.warning("refused connection from %s: %s", peer, reason)
         frame = Frame("ERROR", {"message": f"connection refused: {reason}"})
-        with trio.move_on_after(1):
-            try:
-                await stream.send_all(encode_frame(frame))
-            except trio.BrokenResourceError:
-                pass
+        with trio.move_on_after(1), contextlib.suppress(trio.BrokenResourceError):
+            await stream.send_all(encode_frame(frame))
         await stream.aclose()
 
     async def _reader(self, conn: _Connection) -> None:
+        try:
+            await self._read_frames(conn)
+        finally:
+            conn.notify()  # the writer finishes what is owed and ends the connection
+
+    async def _read_frames(self, conn: _Connection) -> None:
         session = conn.session
         parser = FrameParser(self.limits, commands=CLIENT_COMMANDS)
         stomp = self.config.stomp
         connect_deadline = trio.current_time() + stomp.connect_timeout_ms / 1000
-        while not session.closing:
+        while not session.closing and not session.disconnecting:
             if session.state == SessionState.AWAIT_CONNECT:
                 deadline = connect_deadline
             elif session.heartbeat[1]:
@@ -291,17 +302,17 @@ class Gateway:
                 frames = []
             now = _now_ms()
             for frame in frames:
-                was_connected = session.state == SessionState.CONNECTED
+                was_connected = session.connected
                 session.on_frame(frame, now)
-                if not was_connected and session.state == SessionState.CONNECTED:
+                if not was_connected and session.connected:
                     parser.version = session.version
                     conn.notify()  # heart-beat intervals changed
-                if session.closing:
+                if session.is_closing():
                     break
             self.slot.add_counter(COUNTER_FRAMES_IN, len(frames))
             if session.routes:
                 await self.route(session.routes)
-            if session.out:
+            if session.out or session.closing or session.disconnecting:
                 conn.notify()
 
     async def _writer(self, conn: _Connection) -> None:

@@ -7,6 +7,7 @@ of instances that died without cleaning up (kill -9).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import multiprocessing
 import multiprocessing.connection
@@ -79,7 +80,7 @@ class Supervisor:
         self.control: ControlBlock | None = None
         self.port_holder: socket.socket | None = None
         self.port = broker.port
-        self.stop_requested = False
+        self._stop = False
         self._wakeup_r, self._wakeup_w = socket.socketpair()
 
     # -- set-up --------------------------------------------------------------------------
@@ -169,7 +170,7 @@ class Supervisor:
         assert self.control is not None
         deadline = time.monotonic() + _STARTUP_TIMEOUT_S
         while True:
-            if self.stop_requested:
+            if self.stop_requested():
                 raise StartupError("stopped by a signal while starting")
             missing = [
                 w
@@ -191,10 +192,14 @@ class Supervisor:
 
     # -- running -------------------------------------------------------------------------
 
+    def stop_requested(self) -> bool:
+        """SIGTERM or SIGINT arrived (a method: signal handlers change it behind our back)."""
+        return self._stop
+
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
         if signum == signal.SIGHUP:
             return  # the wake-up fd carries it to the loop
-        self.stop_requested = True
+        self._stop = True
 
     def install_signals(self) -> None:
         self._wakeup_w.setblocking(False)
@@ -205,7 +210,7 @@ class Supervisor:
     def watch(self) -> None:
         """Restart workers that die, until a stop signal."""
         max_backoff = self.config.broker.restart_backoff_max_ms / 1000
-        while not self.stop_requested:
+        while not self.stop_requested():
             now = time.monotonic()
             timeouts = [w.restart_at - now for w in self.workers if w.restart_at is not None]
             timeout = max(0.0, min([0.5, *timeouts]))
@@ -213,11 +218,9 @@ class Supervisor:
             sentinels += [w.process.sentinel for w in self.workers if w.process is not None]
             ready = multiprocessing.connection.wait(sentinels, timeout)  # type: ignore[arg-type]
             if self._wakeup_r in ready:
-                try:
+                with contextlib.suppress(BlockingIOError):
                     self._wakeup_r.recv(512)
-                except BlockingIOError:
-                    pass
-            if self.stop_requested:
+            if self.stop_requested():
                 break
             now = time.monotonic()
             for worker in self.workers:
@@ -314,7 +317,7 @@ def serve(config: Config) -> int:
         log.info("stopping")
         return 0
     except StartupError as exc:
-        if supervisor.stop_requested:
+        if supervisor.stop_requested():
             return 0
         log.error("cannot start: %s", exc)
         return 1

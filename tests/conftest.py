@@ -1,0 +1,53 @@
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+import pytest
+
+from tests.broker import BrokerProcess, RawClient
+
+
+@pytest.fixture(scope="module")
+def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrokerProcess]:
+    """One real broker per test module (2 gateways, 1 p2p, 1 pubsub), stopped with SIGTERM.
+
+    Teardown checks what every user relies on: exit code 0 and nothing left in /dev/shm.
+    """
+    proc = BrokerProcess(tmp_path_factory.mktemp("data"), "--gateways", "2")
+    try:
+        yield proc
+    finally:
+        code = proc.stop()
+        assert code == 0, proc.log_text()[-3000:]
+        assert proc.shm_entries() == [], proc.shm_entries()
+
+
+@pytest.fixture
+def start_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[type[BrokerProcess]]:
+    """Start brokers of one's own (for tests that kill things); all stopped at the end."""
+    started: list[BrokerProcess] = []
+
+    class _Started(BrokerProcess):
+        def __init__(self, *args: str, config: str | None = None) -> None:
+            super().__init__(tmp_path_factory.mktemp("data"), *args, config=config)
+            started.append(self)
+
+    yield _Started
+    for proc in started:
+        if proc.proc.poll() is None:
+            proc.stop()
+
+
+@pytest.fixture
+def raw() -> Iterator[Callable[[BrokerProcess], RawClient]]:
+    """Make RawClients to a broker; every one is closed when the test ends."""
+    clients: list[RawClient] = []
+
+    def make(proc: BrokerProcess) -> RawClient:
+        client = RawClient(proc.host, proc.port)
+        clients.append(client)
+        return client
+
+    yield make
+    for client in clients:
+        client.close()
