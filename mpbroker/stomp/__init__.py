@@ -1,0 +1,51 @@
+"""The sans-IO STOMP codec: bytes in, frames out, and frames back to bytes.
+
+Nothing here touches a socket, a clock or trio; the gateway is a thin adapter that feeds a
+:class:`FrameParser` what it reads and writes what :func:`encode_frame` returns. Supports
+STOMP 1.0, 1.1 and 1.2 (https://stomp.github.io/stomp-specification-1.2.html).
+"""
+
+from ._encoder import encode_frame
+from ._errors import (
+    BadHeaderEscape,
+    FrameTooLarge,
+    HeaderTooLong,
+    MalformedFrame,
+    ProtocolError,
+    TooManyHeaders,
+    UnknownCommand,
+)
+from ._escape import escape_header_value, unescape_header_value
+from ._frame import (
+    CLIENT_COMMANDS,
+    HEARTBEAT_BYTES,
+    SERVER_COMMANDS,
+    SUPPORTED_VERSIONS,
+    Frame,
+    FrameLimits,
+)
+from ._negotiate import negotiate_heartbeat, negotiate_version, parse_heartbeat
+from ._parser import FrameParser
+
+__all__ = [
+    "CLIENT_COMMANDS",
+    "HEARTBEAT_BYTES",
+    "SERVER_COMMANDS",
+    "SUPPORTED_VERSIONS",
+    "BadHeaderEscape",
+    "Frame",
+    "FrameLimits",
+    "FrameParser",
+    "FrameTooLarge",
+    "HeaderTooLong",
+    "MalformedFrame",
+    "ProtocolError",
+    "TooManyHeaders",
+    "UnknownCommand",
+    "encode_frame",
+    "escape_header_value",
+    "negotiate_heartbeat",
+    "negotiate_version",
+    "parse_heartbeat",
+    "unescape_header_value",
+]
