@@ -13,6 +13,7 @@ No sockets, no clocks: times come in as arguments.
 from __future__ import annotations
 
 import itertools
+import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import ClassVar
@@ -46,6 +47,8 @@ from mpbroker.stomp import ProtocolError as CodecProtocolError
 __all__ = ["GatewaySession", "SessionError", "SessionState", "TransactionBudget"]
 
 BROKER_NAME = "mpbroker"
+
+_LINE_BREAKS = re.compile(r"[\r\n]")
 
 # Headers the broker consumes from a SEND; everything else travels with the message.
 _SEND_CONTROL_HEADERS = frozenset({"destination", "receipt", "content-length", "transaction"})
@@ -152,7 +155,8 @@ class GatewaySession:
         try:
             self._dispatch(frame, now_ms)
         except SessionError as exc:
-            self.fail(exc.message, exc.detail, exc.receipt)
+            # The ERROR answers the frame's receipt, so a client waiting on it wakes up.
+            self.fail(exc.message, exc.detail, exc.receipt or frame.headers.get("receipt", ""))
 
     def _dispatch(self, frame: Frame, now_ms: int) -> None:
         command = frame.command
@@ -276,7 +280,7 @@ class GatewaySession:
         receipt = headers.get("receipt", "")
         if self.version == "1.2":
             ack_id = self._required(frame, "id")
-            handle_text, _, message_id = ack_id.partition(":")
+            handle_text, _, message_id = ack_id.partition("/")
             sub = self.subs.get(int(handle_text)) if handle_text.isdigit() else None
             if sub is None or not message_id:
                 raise SessionError(
@@ -374,13 +378,24 @@ class GatewaySession:
             "destination": message.destination,
         }
         if sub.ack_mode != ACK_AUTO:
-            headers["ack"] = f"{sub.handle}:{message.message_id}"
+            # "<handle>/<message-id>": the handle routes the ACK to the right pipeline
+            # without keeping per-message state in the gateway.
+            headers["ack"] = f"{sub.handle}/{message.message_id}"
         if message.redelivered:
             headers["redelivered"] = "true"
         for key, value in message.headers.items():
             if key not in headers:
                 headers[key] = value
-        self.out.append(encode_frame(Frame("MESSAGE", headers, message.body), self.version))
+        frame = Frame("MESSAGE", headers, message.body)
+        try:
+            data = encode_frame(frame, self.version)
+        except ValueError:
+            # A 1.2 producer's header holds a CR/LF that a 1.0/1.1 consumer's frame
+            # cannot carry (those versions cannot escape it): blank the line breaks
+            # rather than let the header spill into others.
+            frame.headers = {k: _LINE_BREAKS.sub(" ", v) for k, v in headers.items()}
+            data = encode_frame(frame, self.version)
+        self.out.append(data)
         if sub.ack_mode == ACK_AUTO:
             self.auto_delivered[sub.handle] = self.auto_delivered.get(sub.handle, 0) + 1
         return True

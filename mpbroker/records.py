@@ -5,7 +5,7 @@ and the payload is that type encoded with msgspec's msgpack (array-like structs:
 names on the wire, so a record costs little more than its strings and body).
 
 Gateway -> pipeline: Hello, Send, Subscribe, Unsubscribe, Ack, Nack, Credit, ConnClosed,
-Barrier. Pipeline -> gateway: PipelineHello, Deliver, Receipt, Refuse, BarrierDone.
+Barrier, Registered. Pipeline -> gateway: PipelineHello, Deliver, Receipt, Refuse, BarrierDone.
 
 Identifiers: `gateway` and `pipeline` are worker indexes; `conn` is a connection id unique
 within a gateway across its restarts (the incarnation is in its high bits); `sub` is the
@@ -36,6 +36,7 @@ __all__ = [
     "Receipt",
     "Record",
     "Refuse",
+    "Registered",
     "Send",
     "Subscribe",
     "Unsubscribe",
@@ -124,6 +125,13 @@ class Barrier(msgspec.Struct, array_like=True, gc=False):
     token: int
 
 
+class Registered(msgspec.Struct, array_like=True, gc=False):
+    """Answer to PipelineHello: the gateway has re-sent every subscription it holds there."""
+
+    gateway: int
+    pipeline_incarnation: int
+
+
 class PipelineHello(msgspec.Struct, array_like=True, gc=False):
     """A pipeline (re)started: send me the subscriptions you hold on my destinations."""
 
@@ -168,6 +176,7 @@ Record = (
     | Credit
     | ConnClosed
     | Barrier
+    | Registered
     | PipelineHello
     | Deliver
     | Receipt
@@ -191,6 +200,7 @@ _KINDS: Final[tuple[type[Any], ...]] = (
     Receipt,
     Refuse,
     BarrierDone,
+    Registered,
 )
 KIND_OF: Final[dict[type[Any], int]] = {cls: i + 1 for i, cls in enumerate(_KINDS)}
 _DECODERS: Final[dict[int, msgspec.msgpack.Decoder[Any]]] = {

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
@@ -25,14 +26,27 @@ class BrokerProcess:
 
     def __init__(self, data_dir: Path, *args: str, config: str | None = None) -> None:
         self.data_dir = data_dir
-        cmd = [sys.executable, "-m", "mpbroker", "serve", "--port", "0", "--data-dir", str(data_dir)]
+        cmd = [
+            sys.executable,
+            "-m",
+            "mpbroker",
+            "serve",
+            "--port",
+            "0",
+            "--data-dir",
+            str(data_dir),
+        ]
         if config is not None:
             path = data_dir.parent / f"{data_dir.name}.toml"
             path.write_text(config)
             cmd += ["--config", str(path)]
         cmd += list(args)
         self.proc = subprocess.Popen(
-            cmd, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, stdin=subprocess.DEVNULL, text=True
+            cmd,
+            stderr=subprocess.PIPE,
+            stdout=subprocess.DEVNULL,
+            stdin=subprocess.DEVNULL,
+            text=True,
         )
         self.pid = self.proc.pid
         self.lines: list[str] = []
@@ -54,7 +68,9 @@ class BrokerProcess:
         with self._changed:
             self._changed.notify_all()
 
-    def wait_for_log(self, pattern: str | re.Pattern[str], timeout: float = 10.0, start: int = 0) -> re.Match[str]:
+    def wait_for_log(
+        self, pattern: str | re.Pattern[str], timeout: float = 10.0, start: int = 0
+    ) -> re.Match[str]:
         """First log line (from index `start`) matching `pattern`; AssertionError on timeout."""
         regex = re.compile(pattern) if isinstance(pattern, str) else pattern
         deadline = time.monotonic() + timeout
@@ -89,17 +105,25 @@ class BrokerProcess:
                 found[m.group(1)] = child
         return found
 
-    def wait_for_worker(self, title: str, not_pid: int | None = None, timeout: float = 15.0) -> psutil.Process:
+    def wait_for_worker(
+        self, title: str, not_pid: int | None = None, timeout: float = 15.0
+    ) -> psutil.Process:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             proc = self.workers().get(title)
             if proc is not None and proc.pid != not_pid:
                 return proc
             time.sleep(0.05)
-        raise AssertionError(f"worker {title!r} did not (re)appear; log:\n{self.log_text()[-3000:]}")
+        raise AssertionError(
+            f"worker {title!r} did not (re)appear; log:\n{self.log_text()[-3000:]}"
+        )
 
     def shm_entries(self) -> list[str]:
-        return sorted(n for n in os.listdir("/dev/shm") if n.startswith(f"mpb.{self.pid}.") or n.startswith(f"sem.mpb.{self.pid}."))
+        return sorted(
+            n
+            for n in os.listdir("/dev/shm")
+            if n.startswith(f"mpb.{self.pid}.") or n.startswith(f"sem.mpb.{self.pid}.")
+        )
 
     def stop(self, timeout: float = 30.0) -> int:
         """SIGTERM and wait; returns the exit code (kills it if it hangs)."""
@@ -109,7 +133,9 @@ class BrokerProcess:
                 self.proc.wait(timeout)
             except subprocess.TimeoutExpired:
                 self.kill()
-                raise AssertionError(f"broker did not stop on SIGTERM; log:\n{self.log_text()[-3000:]}") from None
+                raise AssertionError(
+                    f"broker did not stop on SIGTERM; log:\n{self.log_text()[-3000:]}"
+                ) from None
         self._reader.join(5)
         self._close_pipe()
         return self.proc.returncode
@@ -125,10 +151,8 @@ class BrokerProcess:
         except psutil.NoSuchProcess:
             children = []
         for p in [psutil.Process(self.pid), *children] if self.proc.poll() is None else children:
-            try:
+            with contextlib.suppress(psutil.NoSuchProcess):
                 p.kill()
-            except psutil.NoSuchProcess:
-                pass
         self.proc.wait(10)
         psutil.wait_procs(children, timeout=10)
         self._reader.join(5)
@@ -195,4 +219,3 @@ class RawClient:
 
     def close(self) -> None:
         self.sock.close()
-

@@ -117,7 +117,9 @@ class Gateway:
         # Connection ids stay unique across restarts of this gateway: incarnation in the
         # high bits, so a pipeline never confuses a new connection with a dead one's.
         self._conn_ids = itertools.count((spec.incarnation << 40) + 1)
-        prefix = f"ID:{layout.instance}-{spec.index}.{spec.incarnation}-"
+        # No colons: STOMP 1.2 escapes them in header values, which would put every
+        # MESSAGE frame on the encoder's slow path.
+        prefix = f"ID-{layout.instance}-{spec.index}.{spec.incarnation}-"
         self.message_ids = (f"{prefix}{n}" for n in itertools.count(1))
         self.tx_budget = TransactionBudget(self.config.transactions.max_uncommitted_bytes)
         stomp = self.config.stomp
@@ -198,6 +200,7 @@ class Gateway:
                     conn.session.resubscribe(pipeline)
                     pending_routes.extend(conn.session.routes)
                     conn.session.routes.clear()
+                pending_routes.append((pipeline, records.Registered(self.index, incarnation)))
             case _:
                 log.error("unexpected record from a pipeline: %r", type(record).__name__)
 

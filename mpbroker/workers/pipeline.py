@@ -16,7 +16,7 @@ from types import FrameType
 
 from mpbroker import records
 from mpbroker.engine import Outbox, QueueEngine, TopicEngine
-from mpbroker.records import Hello, PipelineHello
+from mpbroker.records import Hello, PipelineHello, Registered, Subscribe
 from mpbroker.shm import STATE_READY, ControlBlock, Doorbell, Ring, RingReader, RingWriter, park
 
 from ._layout import WorkerSpec
@@ -24,6 +24,10 @@ from ._layout import WorkerSpec
 __all__ = ["run_pipeline"]
 
 log = logging.getLogger("mpbroker.pipeline")
+
+# How long a restarted pipeline waits for gateways to re-register before it goes on
+# without the ones that did not answer (a gateway that is itself restarting).
+_HOLD_TIMEOUT_S = 3.0
 
 COUNTER_RECEIVED = 0
 COUNTER_DELIVERED = 1
@@ -61,6 +65,13 @@ class Pipeline:
         # Encoded records a full ring could not take yet, per gateway, in order.
         self.backlog: list[deque[tuple[int, bytes]]] = [deque() for _ in range(layout.gateways)]
         self.outbox = Outbox()
+        # A restarted pipeline holds what its predecessor left in the rings until every
+        # gateway has re-registered its subscriptions (`Registered`), so that a topic
+        # message sent while we were down still finds its subscribers. Only subscription
+        # records pass while holding.
+        self.unregistered: set[int] = set(range(layout.gateways)) if spec.incarnation else set()
+        self.held: list[tuple[int, records.Record]] = []
+        self.hold_until = time.monotonic() + _HOLD_TIMEOUT_S
         self.engine: QueueEngine | TopicEngine
         if spec.role == "p2p":
             self.engine = QueueEngine(config.queues, spec.index, self.outbox)
@@ -87,14 +98,35 @@ class Pipeline:
             busy = True
             for kind, payload in batch:
                 record = decode(kind, payload)
-                if type(record) is Hello:
+                if isinstance(record, Hello):
                     # That gateway restarted: what we still owed its old connections is moot.
                     self.backlog[gateway].clear()
                     if record.incarnation > 0:
                         log.info("gateway %d restarted: dropping its consumers", gateway)
-                handle(gateway, record)
+                if self.unregistered:
+                    if isinstance(record, Registered | Hello):
+                        self.unregistered.discard(gateway)
+                    elif not isinstance(record, Subscribe):
+                        self.held.append((gateway, record))
+                        continue
+                if not isinstance(record, Registered):
+                    handle(gateway, record)
+        if self.held and (not self.unregistered or time.monotonic() > self.hold_until):
+            self._release_held()
         self.flush()
         return busy
+
+    def _release_held(self) -> None:
+        if self.unregistered:
+            log.warning(
+                "gateways %s did not re-register within %.0f s; going on without them",
+                sorted(self.unregistered),
+                _HOLD_TIMEOUT_S,
+            )
+            self.unregistered.clear()
+        held, self.held = self.held, []
+        for gateway, record in held:
+            self.engine.handle(gateway, record)
 
     def flush(self) -> None:
         for gateway, batch in self.outbox.take().items():
@@ -125,6 +157,10 @@ class Pipeline:
             self.slot.set_counter(COUNTER_RECEIVED, self.engine.received)
             self.slot.set_counter(COUNTER_DELIVERED, self.engine.delivered)
             if busy:
+                continue
+            if self.held:
+                # Holding for re-registration: poll until it completes or times out.
+                park(self.readers, self.doorbell, 0.01)
                 continue
             if any(self.backlog):
                 # A gateway is slow or restarting: retry soon rather than park.

@@ -52,7 +52,9 @@ def test_send_and_receive_with_headers(broker: BrokerProcess, raw: RawFactory) -
     conn, listener = stomp_connect(broker)
     try:
         conn.subscribe("/queue/basic", id="s1", ack="auto", headers={"receipt": "sub"})
-        conn.send("/queue/basic", "hello", headers={"x-custom": "a:b\nc", "content-type": "text/plain"})
+        conn.send(
+            "/queue/basic", "hello", headers={"x-custom": "a:b\nc", "content-type": "text/plain"}
+        )
         [msg] = listener.wait_for(1)
         assert msg.body == "hello"
         assert msg.headers["destination"] == "/queue/basic"
@@ -65,7 +67,9 @@ def test_send_and_receive_with_headers(broker: BrokerProcess, raw: RawFactory) -
         conn.disconnect()
 
 
-def test_competing_consumers_get_each_message_exactly_once(broker: BrokerProcess, raw: RawFactory) -> None:
+def test_competing_consumers_get_each_message_exactly_once(
+    broker: BrokerProcess, raw: RawFactory
+) -> None:
     consumers = [stomp_connect(broker) for _ in range(3)]
     producer, _ = stomp_connect(broker)
     try:
@@ -113,8 +117,16 @@ def test_messages_wait_for_a_consumer(broker: BrokerProcess, raw: RawFactory) ->
 def test_prefetch_window_stops_delivery_until_ack(broker: BrokerProcess, raw: RawFactory) -> None:
     client = raw(broker)
     client.connect()
-    client.send("SUBSCRIBE", {"destination": "/queue/window", "id": "w", "ack": "client-individual",
-                              "activemq.prefetchSize": "2", "receipt": "sub"})
+    client.send(
+        "SUBSCRIBE",
+        {
+            "destination": "/queue/window",
+            "id": "w",
+            "ack": "client-individual",
+            "activemq.prefetchSize": "2",
+            "receipt": "sub",
+        },
+    )
     assert client.recv().command == "RECEIPT"
     producer = raw(broker)
     producer.connect()
@@ -137,8 +149,16 @@ def test_prefetch_window_stops_delivery_until_ack(broker: BrokerProcess, raw: Ra
 def test_client_ack_is_cumulative(broker: BrokerProcess, raw: RawFactory) -> None:
     client = raw(broker)
     client.connect()
-    client.send("SUBSCRIBE", {"destination": "/queue/cumulative", "id": "c", "ack": "client",
-                              "activemq.prefetchSize": "3", "receipt": "sub"})
+    client.send(
+        "SUBSCRIBE",
+        {
+            "destination": "/queue/cumulative",
+            "id": "c",
+            "ack": "client",
+            "activemq.prefetchSize": "3",
+            "receipt": "sub",
+        },
+    )
     assert client.recv().command == "RECEIPT"
     for n in range(6):
         client.send("SEND", {"destination": "/queue/cumulative"}, str(n).encode())
@@ -175,11 +195,15 @@ def test_nack_redelivers_with_redelivered_header(broker: BrokerProcess, raw: Raw
     assert client.recv().command == "RECEIPT"
 
 
-def test_unacked_messages_of_a_disconnected_consumer_go_to_another(broker: BrokerProcess, raw: RawFactory) -> None:
+def test_unacked_messages_of_a_disconnected_consumer_go_to_another(
+    broker: BrokerProcess, raw: RawFactory
+) -> None:
     greedy = raw(broker)
     greedy.connect()
-    greedy.send("SUBSCRIBE", {"destination": "/queue/handover", "id": "g", "ack": "client",
-                              "receipt": "sub"})
+    greedy.send(
+        "SUBSCRIBE",
+        {"destination": "/queue/handover", "id": "g", "ack": "client", "receipt": "sub"},
+    )
     assert greedy.recv().command == "RECEIPT"
     for n in range(3):
         greedy.send("SEND", {"destination": "/queue/handover"}, str(n).encode())
