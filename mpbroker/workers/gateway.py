@@ -54,6 +54,7 @@ COUNTER_MESSAGES_OUT = 2
 
 _RECV_BYTES = 64 * 1024  # one socket read; frames within are handled as one batch
 _LISTEN_BACKLOG = 1024
+_CLOSE_TIMEOUT_S = 2.0
 
 
 def _now_ms() -> int:
@@ -245,9 +246,11 @@ class Gateway:
             del self.connections[conn_id]
             self.slot.add_counter(COUNTER_CONNECTIONS, -1)
             routes = session.take_credits() + session.close_records()
-            with trio.CancelScope(shield=True):
+            # Shielded so a cancelled connection still tells its pipelines; bounded so a
+            # full ring to a stopped pipeline cannot hold the gateway up at shutdown.
+            with trio.move_on_after(_CLOSE_TIMEOUT_S, shield=True):
                 await self.route(routes)
-                await stream.aclose()
+            await trio.aclose_forcefully(stream)
 
     async def _refuse(self, stream: trio.SocketStream, peer: str, limit: int) -> None:
         reason = "broker is shutting down" if self.stopping else f"max_connections {limit} reached"
@@ -346,7 +349,7 @@ class Gateway:
             finally:
                 # Written (or possibly written) auto-ack deliveries free window space.
                 if credits:
-                    with trio.CancelScope(shield=True):
+                    with trio.move_on_after(_CLOSE_TIMEOUT_S, shield=True):
                         await self.route(credits)
             if session.closing and not session.out and not session.pending_receipts:
                 return
