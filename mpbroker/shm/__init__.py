@@ -1,0 +1,97 @@
+"""Shared memory between broker processes: rings, doorbells, the control block, segment names.
+
+- :class:`Ring`: a single-producer single-consumer byte ring in one POSIX shared-memory segment;
+  :class:`RingWriter` stages records and publishes them with one counter store,
+  :class:`RingReader` copies batches out.
+- :class:`Doorbell`, :func:`park`, :func:`park_async`: how a reader with empty rings sleeps and
+  how writers wake it.
+- :class:`ControlBlock`, :class:`WorkerSlot`: per-worker heartbeat, state and counters, and the
+  MemWatch level.
+- :func:`segment_name`, :func:`remove_instance`, :func:`sweep_stale`: every entry is named
+  ``mpb.<instance>.<purpose>`` so a start can remove what a killed instance left behind.
+
+Typical use (names from :func:`segment_name`; the supervisor creates rings, each reading
+process creates its own doorbell, writers attach)::
+
+    # writer                                   # reader
+    w = Ring.attach(name).writer(              r = Ring.attach(name).reader()
+        Doorbell.attach(bell_name))            bell = Doorbell.create(bell_name)
+    for kind, payload in batch:                while True:
+        if not w.stage(kind, payload):             records = r.read_batch()
+            w.put_blocking(kind, payload)          if records:
+    w.publish()                                        handle(records)
+                                                   else:
+                                                       park([r], bell, timeout=0.5)
+
+See DESIGN.md, "Shared memory", for the traps these modules handle.
+"""
+
+from ._control import (
+    COUNTERS,
+    STATE_EMPTY,
+    STATE_READY,
+    STATE_STARTING,
+    STATE_STOPPING,
+    ControlBlock,
+    WorkerSlot,
+    monotonic_ms,
+)
+from ._doorbell import Doorbell, park, park_async
+from ._errors import (
+    RecordTooLarge,
+    RingBrokenError,
+    RingClosedError,
+    SegmentExistsError,
+    SegmentNotFoundError,
+    ShmClosedError,
+    ShmError,
+    ShmSpaceError,
+)
+from ._naming import SHM_DIR, remove_instance, segment_name, shm_path, sweep_stale
+from ._ring import (
+    MAX_KIND,
+    MIN_CAPACITY,
+    RECORD_HEADER_BYTES,
+    Payload,
+    Ring,
+    RingReader,
+    RingStatistics,
+    RingWriter,
+    record_bytes,
+)
+
+__all__ = [
+    "COUNTERS",
+    "MAX_KIND",
+    "MIN_CAPACITY",
+    "RECORD_HEADER_BYTES",
+    "SHM_DIR",
+    "STATE_EMPTY",
+    "STATE_READY",
+    "STATE_STARTING",
+    "STATE_STOPPING",
+    "ControlBlock",
+    "Doorbell",
+    "Payload",
+    "RecordTooLarge",
+    "Ring",
+    "RingBrokenError",
+    "RingClosedError",
+    "RingReader",
+    "RingStatistics",
+    "RingWriter",
+    "SegmentExistsError",
+    "SegmentNotFoundError",
+    "ShmClosedError",
+    "ShmError",
+    "ShmSpaceError",
+    "WorkerSlot",
+    "monotonic_ms",
+    "park",
+    "park_async",
+    "record_bytes",
+    "remove_instance",
+    "segment_name",
+    "shm_path",
+    "sweep_stale",
+]
