@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -52,13 +53,8 @@ def cmd_config_show(args: argparse.Namespace) -> int:
         if head != section:
             print(f"{'' if not section else chr(10)}[{head}]")
             section = head
-        rendered = (
-            f'"{value}"'
-            if isinstance(value, str)
-            else str(value).lower()
-            if isinstance(value, bool)
-            else value
-        )
+        # A JSON string is a valid TOML basic string: quotes and backslashes escaped.
+        rendered = json.dumps(value) if isinstance(value, str | bool) else str(value)
         print(f"{name} = {rendered}  # {doc}")
     return 0
 

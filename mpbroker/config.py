@@ -131,7 +131,9 @@ class QueueSettings:
         1000, "default window of unacknowledged deliveries per queue subscription", min=1
     )
     max_messages: int = _setting(
-        100000, "most messages one queue holds waiting for consumers", min=1
+        100000,
+        "most messages one queue holds (waiting, or delivered and not yet acknowledged)",
+        min=1,
     )
     max_bytes: int = _setting(
         16 * MiB,
@@ -299,6 +301,10 @@ def load_config(path: str | Path | None = None) -> Config:
             data = tomllib.load(fh)
     except FileNotFoundError:
         raise ConfigError("--config", str(path), "file not found") from None
+    except OSError as exc:
+        raise ConfigError("--config", str(path), f"cannot be read: {exc.strerror}") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError("--config", str(path), f"not UTF-8 text: {exc.reason}") from None
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError("--config", str(path), f"not valid TOML: {exc}") from None
     return config_from_mapping(data)

@@ -33,9 +33,11 @@ from mpbroker.records import (
     Send,
     Subscribe,
     Unsubscribe,
+    message_size,
 )
 from mpbroker.routing import Topology, UnknownDestination, parse_destination
 from mpbroker.stomp import (
+    SUPPORTED_VERSIONS,
     Frame,
     encode_frame,
     negotiate_heartbeat,
@@ -50,8 +52,22 @@ BROKER_NAME = "mpbroker"
 
 _LINE_BREAKS = re.compile(r"[\r\n]")
 
-# Headers the broker consumes from a SEND; everything else travels with the message.
-_SEND_CONTROL_HEADERS = frozenset({"destination", "receipt", "content-length", "transaction"})
+# Headers the broker consumes from a SEND, and headers only the broker may set on a
+# MESSAGE (a producer must not forge an ack id or a redelivered flag); everything else
+# travels with the message.
+_SEND_CONTROL_HEADERS = frozenset(
+    {
+        "destination",
+        "receipt",
+        "content-length",
+        "transaction",
+        "message-id",
+        "subscription",
+        "ack",
+        "redelivered",
+    }
+)
+_ARTICLE = {"id": "an"}
 
 
 class SessionError(Exception):
@@ -174,11 +190,14 @@ class GatewaySession:
         version = negotiate_version(frame.headers.get("accept-version"))
         if version is None:
             self.version = "1.2"
-            raise SessionError(
+            # The spec asks for the versions we do speak in a `version` header.
+            self.fail(
                 "unsupported protocol version",
                 f"accept-version {frame.headers.get('accept-version')!r}; "
                 "this broker speaks 1.0, 1.1 and 1.2",
+                headers={"version": ",".join(SUPPORTED_VERSIONS)},
             )
+            return
         self.version = version
         try:
             client_hb = parse_heartbeat(frame.headers.get("heart-beat"))
@@ -186,7 +205,8 @@ class GatewaySession:
             raise SessionError(str(exc)) from None
         settings = self.config.stomp
         server_hb = (settings.heartbeat_send_ms, settings.heartbeat_receive_ms)
-        self.heartbeat = negotiate_heartbeat(client_hb, server_hb)
+        # STOMP 1.0 has no heart-beating: whatever such a client sends is not negotiated.
+        self.heartbeat = negotiate_heartbeat(client_hb, server_hb) if version != "1.0" else (0, 0)
         self.client_id = frame.headers.get("client-id", "")
         headers = {"version": version, "server": BROKER_NAME, "session": f"session-{self.conn}"}
         if version != "1.0":
@@ -207,12 +227,11 @@ class GatewaySession:
             now_ms,
             persistent=headers.get("persistent") == "true",
         )
-        record = Send(self.conn, message, headers.get("receipt", ""))
         tx = self._transaction_of(frame)
         if tx is None:
-            self._route(pipeline, record)
+            self._route(pipeline, Send(self.conn, message, headers.get("receipt", "")))
             return
-        size = len(frame.body)
+        size = message_size(message)
         budget = self.tx_budget
         if budget.used + size > budget.limit:
             raise SessionError(
@@ -222,7 +241,9 @@ class GatewaySession:
             )
         budget.used += size
         tx.held_bytes += size
-        tx.routes.append((pipeline, record))
+        # Answered now (the frame is accepted into the transaction), so the record that
+        # goes to the pipeline at COMMIT carries no receipt of its own.
+        tx.routes.append((pipeline, Send(self.conn, message)))
         self._immediate_receipt(frame)
 
     def _subscribe(self, frame: Frame, now_ms: int) -> None:
@@ -266,7 +287,12 @@ class GatewaySession:
         if sub is None:
             raise SessionError(f"no subscription with id {sub_id!r}", receipt=receipt)
         del self.subs[sub.handle]
-        self.auto_delivered.pop(sub.handle, None)
+        # MESSAGE frames of this subscription already in `out` will be written: credit
+        # them first, or the pipeline would requeue them on Unsubscribe and deliver them
+        # twice.
+        written = self.auto_delivered.pop(sub.handle, 0)
+        if written:
+            self._route(sub.pipeline, Credit(self.conn, [(sub.handle, written)]))
         self._route(sub.pipeline, Unsubscribe(self.conn, sub.handle, receipt))
 
     def _ack(self, frame: Frame, now_ms: int) -> None:
@@ -281,7 +307,8 @@ class GatewaySession:
         if self.version == "1.2":
             ack_id = self._required(frame, "id")
             handle_text, _, message_id = ack_id.partition("/")
-            sub = self.subs.get(int(handle_text)) if handle_text.isdigit() else None
+            valid = handle_text.isascii() and handle_text.isdigit() and len(handle_text) < 19
+            sub = self.subs.get(int(handle_text)) if valid else None
             if sub is None or not message_id:
                 raise SessionError(
                     f"{frame.command} id {ack_id!r} matches no message delivered to this "
@@ -297,23 +324,19 @@ class GatewaySession:
                 found = next(iter(self.subs.values()))
             else:
                 raise SessionError(
-                    f"{frame.command} needs a subscription header when a connection "
-                    "has several subscriptions",
+                    f"{frame.command} needs a subscription header "
+                    f"(this connection has {len(self.subs)} subscriptions)",
                     receipt=receipt,
                 )
             if found is None:
                 raise SessionError(f"no subscription with id {sub_id!r}", receipt=receipt)
             sub = found
-        record: Record = (
-            Nack(self.conn, sub.handle, message_id, receipt)
-            if nack
-            else Ack(self.conn, sub.handle, message_id, receipt)
-        )
         tx = self._transaction_of(frame)
+        kind = Nack if nack else Ack
         if tx is None:
-            self._route(sub.pipeline, record)
+            self._route(sub.pipeline, kind(self.conn, sub.handle, message_id, receipt))
         else:
-            tx.routes.append((sub.pipeline, record))
+            tx.routes.append((sub.pipeline, kind(self.conn, sub.handle, message_id)))
             self._immediate_receipt(frame)
 
     def _begin(self, frame: Frame, now_ms: int) -> None:
@@ -442,6 +465,13 @@ class GatewaySession:
         self.auto_delivered = {}
         return [(p, Credit(self.conn, subs)) for p, subs in by_pipeline.items()]
 
+    def discard_unwritten(self) -> None:
+        """The client is gone: drop frames not yet written, and their credits, so the
+        pipelines put those deliveries back (they never reached anyone)."""
+        self.out.clear()
+        self.auto_delivered.clear()
+        self.pending_receipts.clear()
+
     def close_records(self) -> list[tuple[int, Record]]:
         """What pipelines must hear when the connection ends (after pending credits)."""
         self._abort_all()
@@ -449,11 +479,17 @@ class GatewaySession:
 
     # -- helpers -------------------------------------------------------------------------
 
-    def fail(self, message: str, detail: str = "", receipt: str = "") -> None:
+    def fail(
+        self,
+        message: str,
+        detail: str = "",
+        receipt: str = "",
+        headers: dict[str, str] | None = None,
+    ) -> None:
         """Send an ERROR frame and close after it is written."""
         if self.closing:
             return
-        headers = {"message": message}
+        headers = {"message": message, **(headers or {})}
         if receipt:
             headers["receipt-id"] = receipt
         body = (detail + "\n").encode() if detail else b""
@@ -485,8 +521,10 @@ class GatewaySession:
     def _required(self, frame: Frame, name: str) -> str:
         value = frame.headers.get(name)
         if not value:
+            article = _ARTICLE.get(name, "a")
             raise SessionError(
-                f"{frame.command} needs a {name} header", receipt=frame.headers.get("receipt", "")
+                f"{frame.command} needs {article} {name} header",
+                receipt=frame.headers.get("receipt", ""),
             )
         return value
 
@@ -500,10 +538,8 @@ class GatewaySession:
         text = frame.headers.get(name)
         if text is None:
             return default
-        try:
-            value = int(text)
-        except ValueError:
-            value = minimum - 1
+        # Plain ASCII digits only: int() would also take " 5", "1_0" and other digits.
+        value = int(text) if text.isascii() and text.isdigit() and len(text) < 19 else -1
         if value < minimum:
             raise SessionError(
                 f"header {name}:{text!r} must be an integer >= {minimum}",

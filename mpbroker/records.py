@@ -42,6 +42,7 @@ __all__ = [
     "Unsubscribe",
     "decode",
     "encode",
+    "message_size",
 ]
 
 ACK_AUTO: Final = 0
@@ -62,6 +63,11 @@ class Message(msgspec.Struct, array_like=True, gc=False):
     priority: int = 4
     expires_ms: int = 0
     redelivered: bool = False
+
+
+def message_size(message: Message) -> int:
+    """Bytes a message is charged for in limits: body plus header text."""
+    return len(message.body) + sum(len(k) + len(v) for k, v in message.headers.items())
 
 
 class Hello(msgspec.Struct, array_like=True, gc=False):

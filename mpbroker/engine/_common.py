@@ -9,11 +9,6 @@ from mpbroker.records import ACK_AUTO, ACK_CLIENT, Message, Record
 ConsumerKey = tuple[int, int, int]
 
 
-def message_size(message: Message) -> int:
-    """Bytes a message is charged for in limits: body plus header text."""
-    return len(message.body) + sum(len(k) + len(v) for k, v in message.headers.items())
-
-
 class Outbox:
     """Records an engine wants sent, grouped by the gateway that must receive them."""
 

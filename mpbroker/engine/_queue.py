@@ -25,9 +25,10 @@ from mpbroker.records import (
     Send,
     Subscribe,
     Unsubscribe,
+    message_size,
 )
 
-from ._common import Consumer, ConsumerKey, Outbox, message_size
+from ._common import Consumer, ConsumerKey, Outbox
 
 
 @dataclass(eq=False)
@@ -84,16 +85,16 @@ class QueueEngine:
             case Subscribe():
                 self._subscribe(gateway, record)
             case Unsubscribe():
-                self._remove_consumer((gateway, record.conn, record.sub), requeue_auto=True)
+                self._remove_consumers([(gateway, record.conn, record.sub)], requeue_auto=True)
                 self._receipt(gateway, record.conn, record.receipt)
             case ConnClosed():
-                for key in [k for k in self.consumers if k[0] == gateway and k[1] == record.conn]:
-                    self._remove_consumer(key, requeue_auto=True)
+                keys = [k for k in self.consumers if k[0] == gateway and k[1] == record.conn]
+                self._remove_consumers(keys, requeue_auto=True)
             case Hello():
                 # The gateway died: auto-mode deliveries it held may have reached a client,
                 # so only client-mode unsettled messages come back (at most once).
-                for key in [k for k in self.consumers if k[0] == gateway]:
-                    self._remove_consumer(key, requeue_auto=False)
+                keys = [k for k in self.consumers if k[0] == gateway]
+                self._remove_consumers(keys, requeue_auto=False)
             case Barrier():
                 self.outbox.add(gateway, BarrierDone(record.conn, record.token, self.pipeline))
             case _:
@@ -104,10 +105,8 @@ class QueueEngine:
     def _send(self, gateway: int, record: Send) -> None:
         message = record.message
         queue = self.queues.get(message.destination)
-        if queue is None:
-            queue = self.queues[message.destination] = _Queue(message.destination)
         size = message_size(message)
-        limit = self._refusal(queue, size)
+        limit = self._refusal(queue.held_messages if queue else 0, size)
         if limit:
             self.outbox.add(
                 gateway,
@@ -121,15 +120,17 @@ class QueueEngine:
             )
             return
         self.received += 1
+        if queue is None:
+            queue = self.queues[message.destination] = _Queue(message.destination)
         queue.pending.append(message)
         queue.held_messages += 1
         self.held_bytes += size
         self._receipt(gateway, record.conn, record.receipt)
         self._dispatch(queue)
 
-    def _refusal(self, queue: _Queue, size: int) -> str:
+    def _refusal(self, held_messages: int, size: int) -> str:
         """The limit a new message of `size` bytes would break, or '' if it fits."""
-        if queue.held_messages >= self.settings.max_messages:
+        if held_messages >= self.settings.max_messages:
             return f"max_messages {self.settings.max_messages}"
         if self.held_bytes + size > self.settings.max_bytes:
             return f"max_bytes {self.settings.max_bytes}"
@@ -153,20 +154,29 @@ class QueueEngine:
             self._dispatch(queue)
         self._receipt(gateway, record.conn, record.receipt)
 
-    def _remove_consumer(self, key: ConsumerKey, *, requeue_auto: bool) -> None:
-        consumer = self.consumers.pop(key, None)
-        if consumer is None:
-            return
-        queue = self.queues[consumer.destination]
-        queue.consumers.remove(consumer)
-        unsettled = list(consumer.unacked.values())
-        consumer.unacked.clear()
-        if consumer.ack_mode == ACK_AUTO and not requeue_auto:
-            self._forget(queue, unsettled)
-            unsettled = []
-        queue.pending.extendleft(_redelivery(m) for m in reversed(unsettled))
-        self._dispatch(queue)
-        self._drop_if_idle(queue)
+    def _remove_consumers(self, keys: list[ConsumerKey], *, requeue_auto: bool) -> None:
+        """Remove consumers, then put their unsettled messages back, then dispatch.
+
+        All are removed before anything is dispatched, so that messages requeued from one
+        of them can never be handed to another that is going away too.
+        """
+        removed = [c for c in (self.consumers.pop(key, None) for key in keys) if c is not None]
+        touched: dict[str, _Queue] = {}
+        for consumer in removed:
+            queue = self.queues[consumer.destination]
+            queue.consumers.remove(consumer)
+            touched[queue.name] = queue
+        for consumer in removed:
+            queue = touched[consumer.destination]
+            unsettled = list(consumer.unacked.values())
+            consumer.unacked.clear()
+            if consumer.ack_mode == ACK_AUTO and not requeue_auto:
+                self._forget(queue, unsettled)
+                continue
+            queue.pending.extendleft(_redelivery(m) for m in reversed(unsettled))
+        for queue in touched.values():
+            self._dispatch(queue)
+            self._drop_if_idle(queue)
 
     def _settle(self, gateway: int, conn: int, sub: int, message_id: str, *, requeue: bool) -> None:
         consumer = self.consumers.get((gateway, conn, sub))

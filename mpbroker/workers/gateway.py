@@ -245,7 +245,7 @@ class Gateway:
         finally:
             del self.connections[conn_id]
             self.slot.add_counter(COUNTER_CONNECTIONS, -1)
-            routes = session.take_credits() + session.close_records()
+            routes = session.close_records()
             # Shielded so a cancelled connection still tells its pipelines; bounded so a
             # full ring to a stopped pipeline cannot hold the gateway up at shutdown.
             with trio.move_on_after(_CLOSE_TIMEOUT_S, shield=True):
@@ -297,8 +297,7 @@ class Gateway:
             if not data:
                 # The client went away: nothing more can be written to it.
                 session.closing = True
-                session.out.clear()
-                session.pending_receipts.clear()
+                session.discard_unwritten()
                 break
             try:
                 frames = parser.feed(data)
@@ -339,18 +338,18 @@ class Gateway:
                     continue
             data = b"".join(session.out)
             session.out.clear()
+            # Auto-ack deliveries handed to the socket leave their windows now: once
+            # given to send_all they may reach the client, so they must never come back
+            # (at most once); and the window still bounds what this gateway buffers.
             credits = session.take_credits()
+            if credits:
+                await self.route(credits)
             try:
                 await stream.send_all(data)
             except (trio.BrokenResourceError, trio.ClosedResourceError):
                 session.closing = True
-                session.out.clear()
+                session.discard_unwritten()
                 return
-            finally:
-                # Written (or possibly written) auto-ack deliveries free window space.
-                if credits:
-                    with trio.move_on_after(_CLOSE_TIMEOUT_S, shield=True):
-                        await self.route(credits)
             if session.closing and not session.out and not session.pending_receipts:
                 return
 

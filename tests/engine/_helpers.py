@@ -1,0 +1,62 @@
+"""Shortcuts for driving the pipeline engines with records and reading their outbox."""
+
+from __future__ import annotations
+
+from typing import TypeVar
+
+from mpbroker.records import Deliver, Message, Record, Send
+
+T = TypeVar("T")
+
+
+def make_message(
+    message_id: str,
+    destination: str = "/queue/q",
+    body: bytes = b"body",
+    headers: dict[str, str] | None = None,
+) -> Message:
+    return Message(message_id, destination, dict(headers or {}), body, 1_000)
+
+
+def send(
+    conn: int,
+    message_id: str,
+    destination: str = "/queue/q",
+    body: bytes = b"body",
+    receipt: str = "",
+) -> Send:
+    return Send(conn, make_message(message_id, destination, body), receipt)
+
+
+Delivery = tuple[int, int, int, str]  # (gateway, conn, sub, message id)
+
+
+def deliveries(out: dict[int, list[Record]]) -> list[Delivery]:
+    """Every delivery in an outbox batch, one entry per target, in order per gateway."""
+    found: list[Delivery] = []
+    for gateway, batch in sorted(out.items()):
+        for record in batch:
+            if isinstance(record, Deliver):
+                for conn, sub in record.targets:
+                    found.append((gateway, conn, sub, record.message.message_id))
+    return found
+
+
+def delivered_messages(out: dict[int, list[Record]]) -> list[Message]:
+    """The message of every Deliver record, in order per gateway."""
+    return [
+        record.message
+        for _, batch in sorted(out.items())
+        for record in batch
+        if isinstance(record, Deliver)
+    ]
+
+
+def of_type(out: dict[int, list[Record]], kind: type[T]) -> list[tuple[int, T]]:
+    """(gateway, record) for every record of one type in an outbox batch."""
+    return [
+        (gateway, record)
+        for gateway, batch in sorted(out.items())
+        for record in batch
+        if isinstance(record, kind)
+    ]

@@ -1,0 +1,905 @@
+"""QueueEngine: point-to-point queues driven with gateway records, read through the Outbox."""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+
+from mpbroker.config import QueueSettings
+from mpbroker.engine import ConsumerKey, Outbox, QueueEngine
+from mpbroker.records import (
+    ACK_AUTO,
+    ACK_CLIENT,
+    ACK_INDIVIDUAL,
+    Ack,
+    Barrier,
+    BarrierDone,
+    ConnClosed,
+    Credit,
+    Deliver,
+    Hello,
+    Message,
+    Nack,
+    PipelineHello,
+    Receipt,
+    Record,
+    Refuse,
+    Send,
+    Subscribe,
+    Unsubscribe,
+    message_size,
+)
+from tests.engine._helpers import delivered_messages, deliveries, make_message, of_type, send
+
+Q = "/queue/q"
+PIPELINE = 3
+
+
+def make_engine(**changes: Any) -> QueueEngine:
+    return QueueEngine(QueueSettings(**changes), PIPELINE, Outbox())
+
+
+def subscribe(
+    conn: int,
+    sub: int,
+    *,
+    ack_mode: int = ACK_CLIENT,
+    prefetch: int = 100,
+    destination: str = Q,
+    receipt: str = "",
+) -> Subscribe:
+    return Subscribe(conn, sub, f"id-{sub}", destination, ack_mode, prefetch, receipt)
+
+
+def send_all(
+    engine: QueueEngine, ids: list[str], *, gateway: int = 9, destination: str = Q
+) -> None:
+    for message_id in ids:
+        engine.handle(gateway, send(1, message_id, destination))
+
+
+# -- distribution ----------------------------------------------------------------------------
+
+
+def test_messages_wait_in_the_queue_until_a_consumer_subscribes() -> None:
+    engine = make_engine()
+    send_all(engine, ["m1", "m2"])
+    assert engine.depth(Q) == 2
+    assert deliveries(engine.outbox.take()) == []
+
+    engine.handle(0, subscribe(1, 1))
+
+    assert deliveries(engine.outbox.take()) == [(0, 1, 1, "m1"), (0, 1, 1, "m2")]
+    assert engine.depth(Q) == 0
+
+
+def test_a_message_sent_to_a_ready_consumer_is_delivered_at_once_to_its_gateway() -> None:
+    engine = make_engine()
+    engine.handle(2, subscribe(5, 7))
+    engine.handle(0, send(1, "m1", body=b"hello"))
+    out = engine.outbox.take()
+    [(gateway, record)] = of_type(out, Deliver)
+    assert gateway == 2
+    assert record.targets == [(5, 7)]
+    assert record.message == make_message("m1", body=b"hello")
+    assert engine.delivered == 1
+    assert engine.received == 1
+
+
+def test_ready_consumers_are_served_round_robin() -> None:
+    engine = make_engine()
+    for sub in (1, 2, 3):
+        engine.handle(0, subscribe(1, sub))
+    send_all(engine, [f"m{i}" for i in range(6)])
+    subs = [sub for _, _, sub, _ in deliveries(engine.outbox.take())]
+    assert subs == [1, 2, 3, 1, 2, 3]
+
+
+def test_each_message_goes_to_exactly_one_consumer() -> None:
+    engine = make_engine()
+    engine.handle(0, subscribe(1, 1))
+    engine.handle(1, subscribe(1, 1))
+    send_all(engine, [f"m{i}" for i in range(10)])
+    ids = [mid for *_, mid in deliveries(engine.outbox.take())]
+    assert sorted(ids) == sorted(f"m{i}" for i in range(10))
+
+
+def test_a_consumer_gets_no_more_than_its_prefetch_window() -> None:
+    engine = make_engine()
+    engine.handle(0, subscribe(1, 1, ack_mode=ACK_INDIVIDUAL, prefetch=2))
+    send_all(engine, ["m1", "m2", "m3", "m4", "m5"])
+    assert [mid for *_, mid in deliveries(engine.outbox.take())] == ["m1", "m2"]
+    assert engine.depth(Q) == 3
+
+    engine.handle(0, Ack(1, 1, "m1"))
+    assert [mid for *_, mid in deliveries(engine.outbox.take())] == ["m3"]
+    assert engine.depth(Q) == 2
+
+
+def test_round_robin_skips_consumers_whose_window_is_full() -> None:
+    engine = make_engine()
+    engine.handle(0, subscribe(1, 1, prefetch=1))
+    engine.handle(0, subscribe(1, 2, prefetch=10))
+    send_all(engine, ["m1", "m2", "m3", "m4"])
+    assert deliveries(engine.outbox.take()) == [
+        (0, 1, 1, "m1"),
+        (0, 1, 2, "m2"),
+        (0, 1, 2, "m3"),
+        (0, 1, 2, "m4"),
+    ]
+
+
+def test_messages_are_delivered_in_the_order_sent() -> None:
+    engine = make_engine()
+    send_all(engine, [f"m{i}" for i in range(20)])
+    engine.handle(0, subscribe(1, 1))
+    assert [mid for *_, mid in deliveries(engine.outbox.take())] == [f"m{i}" for i in range(20)]
+
+
+def test_queues_are_independent() -> None:
+    engine = make_engine()
+    engine.handle(0, subscribe(1, 1, destination="/queue/a"))
+    engine.handle(0, send(1, "b1", "/queue/b"))
+    assert deliveries(engine.outbox.take()) == []
+    assert engine.depth("/queue/b") == 1
+    assert engine.depth("/queue/a") == 0
+    assert engine.depth("/queue/never-used") == 0
+
+
+def test_subscribe_repeated_for_the_same_handle_keeps_the_existing_consumer() -> None:
+    engine = make_engine()
+    engine.handle(0, subscribe(1, 1, prefetch=1))
+    engine.handle(0, send(1, "m1"))
+    engine.handle(0, subscribe(1, 1, prefetch=1, receipt="again"))
+    engine.handle(0, send(1, "m2"))
+    out = engine.outbox.take()
+    assert deliveries(out) == [(0, 1, 1, "m1")]
+    assert engine.depth(Q) == 1
+    assert Receipt(1, "again") in out[0]
+
+
+# -- acknowledgement modes -------------------------------------------------------------------
+
+
+def test_auto_mode_window_is_freed_by_credit_not_by_ack() -> None:
+    engine = make_engine()
+    engine.handle(0, subscribe(1, 1, ack_mode=ACK_AUTO, prefetch=1))
+    send_all(engine, ["m1", "m2"])
+    engine.outbox.take()
+
+    engine.handle(0, Ack(1, 1, "m1"))
+    assert deliveries(engine.outbox.take()) == []
+
+    engine.handle(0, Credit(1, [(1, 1)]))
+    assert deliveries(engine.outbox.take()) == [(0, 1, 1, "m2")]
+    assert engine.queues[Q].held_messages == 1
+    assert engine.held_bytes == message_size(make_message("m2"))
+
+
+def test_credit_larger_than_the_window_settles_only_what_was_delivered() -> None:
+    engine = make_engine()
+    engine.handle(0, subscribe(1, 1, ack_mode=ACK_AUTO, prefetch=2))
+    send_all(engine, ["m1", "m2", "m3", "m4", "m5"])
+    engine.outbox.take()
+
+    engine.handle(0, Credit(1, [(1, 50)]))
+
+    assert [mid for *_, mid in deliveries(engine.outbox.take())] == ["m3", "m4"]
+    assert engine.queues[Q].held_messages == 3
+    assert engine.depth(Q) == 1
+
+
+def test_credit_for_an_unknown_or_client_mode_subscription_changes_nothing() -> None:
+    engine = make_engine()
+    engine.handle(0, subscribe(1, 1, ack_mode=ACK_CLIENT, prefetch=1))
+    send_all(engine, ["m1", "m2"])
+    engine.outbox.take()
+    engine.handle(0, Credit(1, [(1, 1), (99, 3)]))
+    engine.handle(0, Credit(42, [(1, 1)]))
+    assert engine.outbox.take() == {}
+    assert engine.queues[Q].held_messages == 2
+
+
+def test_credit_applies_to_each_listed_subscription() -> None:
+    engine = make_engine()
+    engine.handle(0, subscribe(1, 1, ack_mode=ACK_AUTO, prefetch=1))
+    engine.handle(0, subscribe(1, 2, ack_mode=ACK_AUTO, prefetch=1))
+    send_all(engine, ["m1", "m2", "m3", "m4"])
+    engine.outbox.take()
+    engine.handle(0, Credit(1, [(1, 1), (2, 1)]))
+    assert sorted(mid for *_, mid in deliveries(engine.outbox.take())) == ["m3", "m4"]
+
+
+def test_client_mode_ack_is_cumulative() -> None:
+    engine = make_engine()
+    engine.handle(0, subscribe(1, 1, ack_mode=ACK_CLIENT, prefetch=3))
+    send_all(engine, ["m1", "m2", "m3", "m4", "m5"])
+    engine.outbox.take()
+
+    engine.handle(0, Ack(1, 1, "m2"))
+
+    assert [mid for *_, mid in deliveries(engine.outbox.take())] == ["m4", "m5"]
+    assert engine.queues[Q].held_messages == 3
+
+
+def test_client_individual_ack_settles_only_that_message() -> None:
+    engine = make_engine()
+    engine.handle(0, subscribe(1, 1, ack_mode=ACK_INDIVIDUAL, prefetch=3))
+    send_all(engine, ["m1", "m2", "m3", "m4"])
+    engine.outbox.take()
+
+    engine.handle(0, Ack(1, 1, "m2"))
+
+    assert [mid for *_, mid in deliveries(engine.outbox.take())] == ["m4"]
+    # m1, m3 and m4 are still unacknowledged and come back when the consumer leaves.
+    engine.handle(0, Unsubscribe(1, 1))
+    engine.handle(0, subscribe(1, 2, prefetch=10))
+    assert [mid for *_, mid in deliveries(engine.outbox.take())] == ["m1", "m3", "m4"]
+
+
+@pytest.mark.parametrize("ack_mode", [ACK_CLIENT, ACK_INDIVIDUAL])
+def test_ack_of_an_unknown_or_already_acked_id_settles_nothing(ack_mode: int) -> None:
+    engine = make_engine()
+    engine.handle(0, subscribe(1, 1, ack_mode=ack_mode, prefetch=1))
+    send_all(engine, ["m1", "m2"])
+    engine.outbox.take()
+
+    engine.handle(0, Ack(1, 1, "m2"))  # queued, never delivered
+    engine.handle(0, Ack(1, 1, "nope"))
+    engine.handle(0, Ack(1, 2, "m1"))  # wrong subscription
+    engine.handle(1, Ack(1, 1, "m1"))  # wrong gateway
+    assert engine.outbox.take() == {}
+
+    engine.handle(0, Ack(1, 1, "m1"))
+    engine.handle(0, Ack(1, 1, "m1"))
+    assert deliveries(engine.outbox.take()) == [(0, 1, 1, "m2")]
+    assert engine.queues[Q].held_messages == 1
+
+
+def test_settled_messages_leave_the_store_accounting() -> None:
+    engine = make_engine()
+    engine.handle(0, subscribe(1, 1, ack_mode=ACK_CLIENT))
+    engine.handle(0, send(1, "m1", body=b"x" * 10))
+    engine.handle(0, send(1, "m2", body=b"y" * 20))
+    assert engine.held_bytes == 30
+    engine.handle(0, Ack(1, 1, "m1"))
+    assert engine.held_bytes == 20
+    engine.handle(0, Ack(1, 1, "m2"))
+    assert engine.held_bytes == 0
+    assert engine.queues[Q].held_messages == 0
+
+
+# -- redelivery ------------------------------------------------------------------------------
+
+
+def test_nack_puts_the_message_back_first_marked_redelivered() -> None:
+    engine = make_engine()
+    engine.handle(0, subscribe(1, 1, ack_mode=ACK_INDIVIDUAL, prefetch=1))
+    send_all(engine, ["m1", "m2"])
+    engine.outbox.take()
+
+    engine.handle(0, Nack(1, 1, "m1"))
+
+    [message] = delivered_messages(engine.outbox.take())
+    assert message.message_id == "m1"
+    assert message.redelivered
+    assert engine.depth(Q) == 1
+
+
+def test_client_mode_nack_is_cumulative_and_keeps_the_original_order() -> None:
+    engine = make_engine()
+    engine.handle(0, subscribe(1, 1, ack_mode=ACK_CLIENT, prefetch=3))
+    send_all(engine, ["m1", "m2", "m3", "m4"])
+    engine.outbox.take()
+
+    engine.handle(0, Nack(1, 1, "m2"))
+
+    messages = delivered_messages(engine.outbox.take())
+    assert [(m.message_id, m.redelivered) for m in messages] == [("m1", True), ("m2", True)]
+    assert engine.depth(Q) == 1  # m4 still waits behind the redelivered ones
+
+
+def test_nack_redelivers_to_another_ready_consumer() -> None:
+    engine = make_engine()
+    engine.handle(0, subscribe(1, 1, ack_mode=ACK_INDIVIDUAL, prefetch=1))
+    engine.handle(0, subscribe(2, 1, ack_mode=ACK_INDIVIDUAL, prefetch=1))
+    engine.handle(0, send(1, "m1"))
+    engine.outbox.take()
+    engine.handle(0, Nack(1, 1, "m1"))
+    assert deliveries(engine.outbox.take()) == [(0, 2, 1, "m1")]
+
+
+def test_nack_in_auto_mode_is_ignored() -> None:
+    engine = make_engine()
+    engine.handle(0, subscribe(1, 1, ack_mode=ACK_AUTO, prefetch=1))
+    engine.handle(0, send(1, "m1"))
+    engine.outbox.take()
+    engine.handle(0, Nack(1, 1, "m1"))
+    assert engine.outbox.take() == {}
+    assert engine.depth(Q) == 0
+
+
+@pytest.mark.parametrize("ack_mode", [ACK_AUTO, ACK_CLIENT, ACK_INDIVIDUAL])
+def test_unsubscribe_requeues_unsettled_messages_at_the_head_in_order(ack_mode: int) -> None:
+    engine = make_engine()
+    engine.handle(0, subscribe(1, 1, ack_mode=ack_mode, prefetch=3))
+    send_all(engine, ["m1", "m2", "m3", "m4", "m5"])
+    engine.outbox.take()
+
+    engine.handle(0, Unsubscribe(1, 1, receipt="r"))
+    out = engine.outbox.take()
+    assert out == {0: [Receipt(1, "r")]}
+    assert engine.depth(Q) == 5
+
+    engine.handle(1, subscribe(1, 1, prefetch=10))
+    messages = delivered_messages(engine.outbox.take())
+    assert [(m.message_id, m.redelivered) for m in messages] == [
+        ("m1", True),
+        ("m2", True),
+        ("m3", True),
+        ("m4", False),
+        ("m5", False),
+    ]
+
+
+def test_conn_closed_requeues_the_messages_of_every_consumer_of_that_connection() -> None:
+    engine = make_engine()
+    engine.handle(0, subscribe(1, 1, ack_mode=ACK_AUTO, prefetch=1))
+    engine.handle(0, subscribe(1, 2, ack_mode=ACK_CLIENT, prefetch=1))
+    send_all(engine, ["m1", "m2"])
+    engine.outbox.take()
+
+    engine.handle(0, ConnClosed(1))
+
+    assert engine.outbox.take() == {}
+    assert engine.depth(Q) == 2
+    assert engine.queues[Q].held_messages == 2
+    engine.handle(0, subscribe(2, 1))
+    messages = delivered_messages(engine.outbox.take())
+    assert sorted((m.message_id, m.redelivered) for m in messages) == [("m1", True), ("m2", True)]
+
+
+def test_conn_closed_leaves_other_connections_and_gateways_alone() -> None:
+    engine = make_engine()
+    engine.handle(0, subscribe(1, 1, prefetch=1))
+    engine.handle(0, subscribe(2, 1, prefetch=1))
+    engine.handle(1, subscribe(1, 1, prefetch=1))  # same conn id on another gateway
+    send_all(engine, ["m1", "m2", "m3"])
+    engine.outbox.take()
+
+    engine.handle(0, ConnClosed(1))
+
+    assert engine.depth(Q) == 1
+    assert set(engine.consumers) == {(0, 2, 1), (1, 1, 1)}
+
+
+def test_gateway_hello_requeues_client_mode_and_drops_auto_mode_deliveries() -> None:
+    engine = make_engine()
+    engine.handle(0, subscribe(1, 1, ack_mode=ACK_CLIENT, prefetch=1, destination="/queue/c"))
+    engine.handle(0, subscribe(1, 2, ack_mode=ACK_AUTO, prefetch=1, destination="/queue/a"))
+    engine.handle(1, subscribe(1, 1, ack_mode=ACK_CLIENT, prefetch=1, destination="/queue/x"))
+    engine.handle(0, send(1, "c1", "/queue/c", body=b"12345"))
+    engine.handle(0, send(1, "a1", "/queue/a", body=b"123"))
+    engine.handle(0, send(1, "x1", "/queue/x", body=b"1"))
+    engine.outbox.take()
+
+    engine.handle(0, Hello(0, 1))
+
+    assert engine.outbox.take() == {}
+    assert engine.depth("/queue/c") == 1
+    # The auto-mode delivery may already have reached its client: at most once.
+    assert engine.depth("/queue/a") == 0
+    assert "/queue/a" not in engine.queues
+    assert engine.held_bytes == 5 + 1
+    assert set(engine.consumers) == {(1, 1, 1)}
+    engine.handle(2, subscribe(1, 1, destination="/queue/c"))
+    [message] = delivered_messages(engine.outbox.take())
+    assert (message.message_id, message.redelivered) == ("c1", True)
+
+
+def test_removed_consumer_with_nothing_queued_forgets_the_queue() -> None:
+    engine = make_engine()
+    engine.handle(0, subscribe(1, 1))
+    engine.handle(0, send(1, "m1"))
+    engine.handle(0, Ack(1, 1, "m1"))
+    engine.handle(0, Unsubscribe(1, 1))
+    assert Q not in engine.queues
+    assert engine.consumers == {}
+
+
+def test_unsubscribe_of_an_unknown_subscription_only_answers_the_receipt() -> None:
+    engine = make_engine()
+    engine.handle(0, Unsubscribe(1, 1, receipt="r"))
+    engine.handle(0, ConnClosed(5))
+    engine.handle(0, Hello(0, 2))
+    assert engine.outbox.take() == {0: [Receipt(1, "r")]}
+
+
+# -- limits ----------------------------------------------------------------------------------
+
+
+def test_max_messages_refuses_a_send_naming_the_limit() -> None:
+    engine = make_engine(max_messages=2)
+    send_all(engine, ["m1", "m2"], gateway=0)
+    engine.outbox.take()
+
+    engine.handle(0, send(4, "m3", receipt="r3"))
+
+    [(gateway, refuse)] = of_type(engine.outbox.take(), Refuse)
+    assert gateway == 0
+    assert refuse.conn == 4
+    assert refuse.receipt == "r3"
+    assert "max_messages 2" in refuse.message
+    assert Q in refuse.message
+    assert refuse.detail
+    assert engine.depth(Q) == 2
+    assert engine.received == 2
+
+
+def test_max_messages_counts_delivered_but_unsettled_messages() -> None:
+    engine = make_engine(max_messages=2)
+    engine.handle(0, subscribe(1, 1))
+    send_all(engine, ["m1", "m2", "m3"], gateway=0)
+    out = engine.outbox.take()
+    assert [mid for *_, mid in deliveries(out)] == ["m1", "m2"]
+    assert len(of_type(out, Refuse)) == 1
+
+    engine.handle(0, Ack(1, 1, "m1"))
+    engine.handle(0, send(1, "m4", receipt="ok"))
+    out = engine.outbox.take()
+    assert of_type(out, Refuse) == []
+    assert Receipt(1, "ok") in out[0]
+
+
+def test_max_messages_is_per_queue() -> None:
+    engine = make_engine(max_messages=1)
+    engine.handle(0, send(1, "a1", "/queue/a"))
+    engine.handle(0, send(1, "b1", "/queue/b"))
+    assert of_type(engine.outbox.take(), Refuse) == []
+
+
+def test_max_bytes_is_shared_by_all_queues_of_the_engine() -> None:
+    engine = make_engine(max_bytes=10)
+    engine.handle(0, send(1, "a1", "/queue/a", body=b"x" * 6))
+    engine.handle(0, send(1, "b1", "/queue/b", body=b"x" * 4))
+    engine.handle(0, send(1, "b2", "/queue/b", body=b"x"))
+
+    [(_, refuse)] = of_type(engine.outbox.take(), Refuse)
+    assert "max_bytes 10" in refuse.message
+    assert "/queue/b" in refuse.message
+    assert engine.held_bytes == 10
+
+
+def test_max_bytes_room_returns_once_messages_are_settled() -> None:
+    engine = make_engine(max_bytes=10)
+    engine.handle(0, subscribe(1, 1, ack_mode=ACK_AUTO))
+    engine.handle(0, send(1, "m1", body=b"x" * 10))
+    engine.handle(0, send(1, "m2", body=b"x"))
+    assert len(of_type(engine.outbox.take(), Refuse)) == 1
+    engine.handle(0, Credit(1, [(1, 1)]))
+    engine.handle(0, send(1, "m3", body=b"x" * 10))
+    assert of_type(engine.outbox.take(), Refuse) == []
+
+
+def test_message_size_counts_body_and_header_text() -> None:
+    message = Message("id", Q, {"ab": "cde", "f": ""}, b"12345", 0)
+    assert message_size(message) == 5 + 5 + 1
+
+
+# -- receipts and barriers -------------------------------------------------------------------
+
+
+def test_every_record_with_a_receipt_is_answered_on_its_gateway() -> None:
+    engine = make_engine()
+    engine.handle(1, subscribe(3, 1, prefetch=1, receipt="sub"))
+    engine.handle(1, send(3, "m1", receipt="send"))
+    engine.handle(1, Nack(3, 1, "m1", receipt="nack"))
+    engine.handle(1, Ack(3, 1, "m1", receipt="ack"))
+    engine.handle(1, Unsubscribe(3, 1, receipt="unsub"))
+    receipts = [r.receipt for _, r in of_type(engine.outbox.take(), Receipt)]
+    assert receipts == ["sub", "send", "nack", "ack", "unsub"]
+
+
+def test_receipt_and_delivery_for_one_gateway_travel_in_one_batch() -> None:
+    engine = make_engine()
+    engine.handle(0, subscribe(1, 1))
+    engine.outbox.take()
+    engine.handle(0, send(2, "m1", receipt="r"))
+    out = engine.outbox.take()
+    assert list(out) == [0]
+    assert sorted(type(r).__name__ for r in out[0]) == ["Deliver", "Receipt"]
+
+
+def test_barrier_is_answered_with_barrier_done_naming_the_pipeline() -> None:
+    engine = make_engine()
+    engine.handle(4, Barrier(8, 77))
+    assert engine.outbox.take() == {4: [BarrierDone(8, 77, PIPELINE)]}
+
+
+@pytest.mark.parametrize(
+    "record",
+    [PipelineHello(0, 1), Deliver([(1, 1)], make_message("m")), Receipt(1, "r")],
+    ids=lambda r: type(r).__name__,
+)
+def test_records_a_p2p_pipeline_does_not_handle_are_refused(record: Record) -> None:
+    engine = make_engine()
+    with pytest.raises(ValueError, match=type(record).__name__):
+        engine.handle(0, record)
+
+
+# -- stateful property -----------------------------------------------------------------------
+
+DESTINATIONS = ("/queue/a", "/queue/b")
+GATEWAYS = st.integers(0, 1)
+CONNS = st.integers(1, 2)
+SUBS = st.integers(1, 2)
+MAX_MESSAGES = 4
+MAX_BYTES = 160
+
+
+class QueueEngineMachine(RuleBasedStateMachine):
+    """Random traffic against a model that knows where every accepted message must be.
+
+    The model mirrors the spec, not the dispatch algorithm: for single-consumer events
+    (send, ack, nack, credit, subscribe, unsubscribe) every delivery must come from the head
+    of its queue; for events that remove several consumers at once (ConnClosed, Hello) the
+    model checks which messages survive and takes the positions the engine chose.
+    """
+
+    @initialize()
+    def start(self) -> None:
+        self.engine = QueueEngine(
+            QueueSettings(prefetch=3, max_messages=MAX_MESSAGES, max_bytes=MAX_BYTES),
+            PIPELINE,
+            Outbox(),
+        )
+        self.next_id = 0
+        self.messages: dict[str, Message] = {}
+        self.pending: dict[str, deque[str]] = {d: deque() for d in DESTINATIONS}
+        self.held: dict[ConsumerKey, list[str]] = {}
+        self.modes: dict[ConsumerKey, int] = {}
+        self.prefetch: dict[ConsumerKey, int] = {}
+        self.dest_of: dict[ConsumerKey, str] = {}
+        self.redelivered: set[str] = set()
+        self.settled: set[str] = set()
+        self.dropped: set[str] = set()
+
+    # -- model helpers --------------------------------------------------------------------
+
+    def live(self) -> set[str]:
+        return {m for q in self.pending.values() for m in q} | {
+            m for held in self.held.values() for m in held
+        }
+
+    def queue_count(self, destination: str) -> int:
+        return len(self.pending[destination]) + sum(
+            len(h) for k, h in self.held.items() if self.dest_of[k] == destination
+        )
+
+    def requeue(self, key: ConsumerKey, ids: list[str]) -> None:
+        self.pending[self.dest_of[key]].extendleft(reversed(ids))
+        self.redelivered.update(ids)
+
+    def forget_consumer(self, key: ConsumerKey) -> None:
+        del self.held[key], self.modes[key], self.prefetch[key], self.dest_of[key]
+
+    def handle_strict(self, gateway: int, record: Record) -> dict[int, list[Record]]:
+        """Handle a record whose deliveries must all come from the heads of the queues.
+
+        The outbox groups records by gateway, so the global order of deliveries is lost:
+        what was delivered from a queue must be a prefix of it, in queue order within
+        each gateway's batch.
+        """
+        self.engine.handle(gateway, record)
+        out = self.engine.outbox.take()
+        taken: dict[str, list[str]] = {d: [] for d in DESTINATIONS}
+        for gw, batch in out.items():
+            last: dict[str, int] = {}
+            for item in batch:
+                if isinstance(item, Deliver):
+                    [(conn, sub)] = item.targets
+                    key = (gw, conn, sub)
+                    mid = item.message.message_id
+                    destination = item.message.destination
+                    assert key in self.held, f"delivery to unknown consumer {key}"
+                    assert self.dest_of[key] == destination
+                    waiting = list(self.pending[destination])
+                    assert mid in waiting, f"{mid} delivered but not waiting in {waiting}"
+                    position = waiting.index(mid)
+                    assert position > last.get(destination, -1), "out of queue order"
+                    last[destination] = position
+                    self.check_delivered_copy(item.message)
+                    self.held[key].append(mid)
+                    taken[destination].append(mid)
+        for destination, mids in taken.items():
+            pending = self.pending[destination]
+            head = [pending.popleft() for _ in range(len(mids))]
+            assert sorted(head) == sorted(mids), f"{mids} is not the head of the queue"
+        self.assert_model_matches_engine()
+        return out
+
+    def handle_reconciled(
+        self, gateway: int, record: Record, removed: list[ConsumerKey], survivors: set[str]
+    ) -> None:
+        """Handle a record that removes several consumers, then adopt the engine's layout."""
+        before = {k: list(h) for k, h in self.held.items() if k not in removed}
+        self.engine.handle(gateway, record)
+        out = self.engine.outbox.take()
+        new_by_key: dict[ConsumerKey, list[str]] = {k: [] for k in before}
+        for gw, batch in out.items():
+            for item in batch:
+                assert isinstance(item, Deliver), item
+                [(conn, sub)] = item.targets
+                key = (gw, conn, sub)
+                self.check_delivered_copy(item.message)
+                if key in new_by_key:
+                    assert item.message.message_id not in before[key]
+                    new_by_key[key].append(item.message.message_id)
+                else:
+                    assert key in removed, f"delivery to unknown consumer {key}"
+        for key in removed:
+            self.forget_consumer(key)
+        for key, held in before.items():
+            now = list(self.engine.consumers[key].unacked)
+            assert now == held + new_by_key[key]
+            self.held[key] = now
+        for destination in DESTINATIONS:
+            queue = self.engine.queues.get(destination)
+            self.pending[destination] = deque(
+                m.message_id for m in (queue.pending if queue else ())
+            )
+        assert self.live() == survivors
+        self.assert_model_matches_engine()
+
+    def check_delivered_copy(self, message: Message) -> None:
+        original = self.messages[message.message_id]
+        assert message.redelivered == (message.message_id in self.redelivered)
+        assert (message.destination, message.headers, message.body) == (
+            original.destination,
+            original.headers,
+            original.body,
+        )
+
+    def assert_model_matches_engine(self) -> None:
+        engine = self.engine
+        assert set(engine.consumers) == set(self.held)
+        for key, held in self.held.items():
+            assert list(engine.consumers[key].unacked) == held
+        for destination in DESTINATIONS:
+            queue = engine.queues.get(destination)
+            pending = [m.message_id for m in queue.pending] if queue else []
+            assert pending == list(self.pending[destination])
+
+    # -- rules ----------------------------------------------------------------------------
+
+    @rule(
+        gateway=GATEWAYS,
+        conn=CONNS,
+        sub=SUBS,
+        destination=st.sampled_from(DESTINATIONS),
+        ack_mode=st.sampled_from([ACK_AUTO, ACK_CLIENT, ACK_INDIVIDUAL]),
+        prefetch=st.integers(1, 3),
+    )
+    def subscribe(
+        self, gateway: int, conn: int, sub: int, destination: str, ack_mode: int, prefetch: int
+    ) -> None:
+        key = (gateway, conn, sub)
+        if key not in self.held:
+            self.held[key] = []
+            self.modes[key] = ack_mode
+            self.prefetch[key] = prefetch
+            self.dest_of[key] = destination
+        record = Subscribe(conn, sub, f"s{sub}", destination, ack_mode, prefetch, "r")
+        out = self.handle_strict(gateway, record)
+        assert Receipt(conn, "r") in out[gateway]
+
+    @rule(
+        gateway=GATEWAYS,
+        conn=CONNS,
+        destination=st.sampled_from(DESTINATIONS),
+        body=st.integers(0, 60),
+        headers=st.dictionaries(st.sampled_from(["k", "type"]), st.text(max_size=3), max_size=2),
+    )
+    def send(
+        self, gateway: int, conn: int, destination: str, body: int, headers: dict[str, str]
+    ) -> None:
+        self._send(gateway, conn, destination, body, headers)
+
+    @rule(gateway=GATEWAYS, conn=CONNS, destination=st.sampled_from(DESTINATIONS))
+    def send_small(self, gateway: int, conn: int, destination: str) -> None:
+        self._send(gateway, conn, destination, 1, {})
+
+    def _send(
+        self, gateway: int, conn: int, destination: str, body: int, headers: dict[str, str]
+    ) -> None:
+        self.next_id += 1
+        mid = f"m{self.next_id}"
+        message = Message(mid, destination, headers, bytes(body), 0)
+        size = message_size(message)
+        live_bytes = sum(message_size(self.messages[m]) for m in self.live())
+        if self.queue_count(destination) >= MAX_MESSAGES:
+            refusal = f"max_messages {MAX_MESSAGES}"
+        elif live_bytes + size > MAX_BYTES:
+            refusal = f"max_bytes {MAX_BYTES}"
+        else:
+            refusal = ""
+            self.messages[mid] = message
+            self.pending[destination].append(mid)
+        out = self.handle_strict(gateway, Send(conn, message, "r"))
+        refusals = of_type(out, Refuse)
+        if refusal:
+            [(gw, refuse)] = refusals
+            assert gw == gateway
+            assert refusal in refuse.message
+            assert refuse.receipt == "r"
+            assert Receipt(conn, "r") not in out.get(gateway, [])
+        else:
+            assert refusals == []
+            assert Receipt(conn, "r") in out[gateway]
+
+    def _pick_key(self, data: st.DataObject, keys: list[ConsumerKey]) -> ConsumerKey:
+        """One of `keys`, now and then any handle (records for unknown ones are ignored)."""
+        if not keys or data.draw(st.integers(0, 7), label="stray") == 0:
+            return data.draw(st.tuples(GATEWAYS, CONNS, SUBS), label="key")
+        return data.draw(st.sampled_from(keys), label="key")
+
+    def _settlement(self, data: st.DataObject) -> tuple[ConsumerKey, str]:
+        key = self._pick_key(data, sorted(k for k, held in self.held.items() if held))
+        held = self.held.get(key, [])
+        choices = [*held, *held, "unknown-id", *sorted(self.live())]
+        return key, data.draw(st.sampled_from(choices), label="message_id")
+
+    def _settled_by(self, key: ConsumerKey, mid: str) -> list[str]:
+        held = self.held.get(key, [])
+        if key not in self.held or self.modes[key] == ACK_AUTO or mid not in held:
+            return []
+        if self.modes[key] == ACK_CLIENT:
+            return held[: held.index(mid) + 1]
+        return [mid]
+
+    @precondition(lambda self: any(self.held.values()))
+    @rule(data=st.data())
+    def ack(self, data: st.DataObject) -> None:
+        key, mid = self._settlement(data)
+        settled = self._settled_by(key, mid)
+        for m in settled:
+            self.held[key].remove(m)
+        self.settled.update(settled)
+        gateway, conn, sub = key
+        self.handle_strict(gateway, Ack(conn, sub, mid))
+
+    @precondition(lambda self: any(self.held.values()))
+    @rule(data=st.data())
+    def nack(self, data: st.DataObject) -> None:
+        key, mid = self._settlement(data)
+        requeued = self._settled_by(key, mid)
+        for m in requeued:
+            self.held[key].remove(m)
+        if requeued:
+            self.requeue(key, requeued)
+        gateway, conn, sub = key
+        self.handle_strict(gateway, Nack(conn, sub, mid))
+
+    @precondition(lambda self: any(self.held.values()))
+    @rule(data=st.data())
+    def credit(self, data: st.DataObject) -> None:
+        gateway, conn, _ = self._pick_key(data, sorted(k for k, h in self.held.items() if h))
+        subs = data.draw(st.lists(SUBS, unique=True, max_size=2), label="subs")
+        pairs: list[tuple[int, int]] = []
+        for sub in subs:
+            key = (gateway, conn, sub)
+            held = self.held.get(key, [])
+            # A gateway never credits more deliveries than it was sent.
+            count = data.draw(st.integers(0, len(held)), label="count")
+            pairs.append((sub, count))
+            if key in self.held and self.modes[key] == ACK_AUTO:
+                self.settled.update(held[:count])
+                del held[:count]
+        self.handle_strict(gateway, Credit(conn, pairs))
+
+    @precondition(lambda self: self.held)
+    @rule(data=st.data())
+    def unsubscribe(self, data: st.DataObject) -> None:
+        key = self._pick_key(data, sorted(self.held))
+        gateway, conn, sub = key
+        if key in self.held:
+            self.requeue(key, self.held[key])
+            self.forget_consumer(key)
+        self.handle_strict(gateway, Unsubscribe(conn, sub))
+
+    @precondition(lambda self: self.held)
+    @rule(gateway=GATEWAYS, conn=CONNS)
+    def conn_closed(self, gateway: int, conn: int) -> None:
+        removed = [k for k in self.held if k[:2] == (gateway, conn)]
+        for key in removed:
+            self.redelivered.update(self.held[key])
+        self.handle_reconciled(gateway, ConnClosed(conn), removed, self.live())
+
+    @precondition(lambda self: self.held)
+    @rule(gateway=GATEWAYS)
+    def hello(self, gateway: int) -> None:
+        removed = [k for k in self.held if k[0] == gateway]
+        dropped = {m for k in removed if self.modes[k] == ACK_AUTO for m in self.held[k]}
+        for key in removed:
+            if self.modes[key] != ACK_AUTO:
+                self.redelivered.update(self.held[key])
+        self.dropped |= dropped
+        self.handle_reconciled(gateway, Hello(gateway, 1), removed, self.live() - dropped)
+
+    @rule(gateway=GATEWAYS, conn=CONNS, token=st.integers(0, 5))
+    def barrier(self, gateway: int, conn: int, token: int) -> None:
+        self.engine.handle(gateway, Barrier(conn, token))
+        assert self.engine.outbox.take() == {gateway: [BarrierDone(conn, token, PIPELINE)]}
+
+    # -- invariants -----------------------------------------------------------------------
+
+    @invariant()
+    def every_accepted_message_is_in_exactly_one_place_or_settled(self) -> None:
+        places: list[str] = []
+        for queue in self.engine.queues.values():
+            places += [m.message_id for m in queue.pending]
+            for consumer in queue.consumers:
+                places += list(consumer.unacked)
+        assert len(places) == len(set(places)), "a message is in two places"
+        assert set(places) == self.live()
+        assert set(places).isdisjoint(self.settled | self.dropped)
+        assert set(self.messages) == set(places) | self.settled | self.dropped
+
+    @invariant()
+    def no_consumer_exceeds_its_prefetch(self) -> None:
+        for key, consumer in self.engine.consumers.items():
+            assert len(consumer.unacked) <= self.prefetch[key]
+
+    @invariant()
+    def held_accounting_matches_the_contents(self) -> None:
+        total = 0
+        for queue in self.engine.queues.values():
+            unacked = [m for c in queue.consumers for m in c.unacked.values()]
+            assert queue.held_messages == len(queue.pending) + len(unacked)
+            total += sum(message_size(m) for m in [*queue.pending, *unacked])
+        assert self.engine.held_bytes == total
+
+    @invariant()
+    def redelivered_flags_are_set_only_on_returned_messages(self) -> None:
+        for queue in self.engine.queues.values():
+            for message in queue.pending:
+                assert message.redelivered == (message.message_id in self.redelivered)
+
+    @invariant()
+    def no_message_waits_while_a_consumer_of_its_queue_has_room(self) -> None:
+        for queue in self.engine.queues.values():
+            if queue.pending:
+                assert all(not c.ready for c in queue.consumers)
+
+
+QueueEngineMachine.TestCase.settings = settings(
+    max_examples=100,
+    stateful_step_count=40,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+test_queue_engine_keeps_its_invariants = QueueEngineMachine.TestCase
+
+
+def test_gateway_hello_never_drops_a_client_mode_message() -> None:
+    # Both consumers go away together: the client-mode message must not be handed to the
+    # auto consumer (and then dropped with it) on the way out.
+    engine = make_engine()
+    engine.handle(0, subscribe(1, 1, ack_mode=ACK_CLIENT, prefetch=1))
+    engine.handle(0, subscribe(1, 2, ack_mode=ACK_AUTO, prefetch=1))
+    engine.handle(9, send(1, "m1"))
+    engine.outbox.take()
+    engine.handle(0, Hello(0, 1))
+    assert engine.depth(Q) == 1
+    assert engine.held_bytes == message_size(make_message("m1"))
+
+
+def test_a_refused_send_leaves_no_queue_behind() -> None:
+    engine = make_engine(max_bytes=4)
+    engine.handle(0, send(1, "m1", "/queue/new", body=b"12345"))
+    assert "/queue/new" not in engine.queues

@@ -1,0 +1,386 @@
+"""TopicEngine: every subscriber gets every message, in order, with a bounded backlog."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from mpbroker.config import TopicSettings
+from mpbroker.engine import Outbox, TopicEngine
+from mpbroker.records import (
+    ACK_AUTO,
+    ACK_CLIENT,
+    ACK_INDIVIDUAL,
+    Ack,
+    Barrier,
+    BarrierDone,
+    ConnClosed,
+    Credit,
+    Deliver,
+    Hello,
+    Nack,
+    PipelineHello,
+    Receipt,
+    Record,
+    Refuse,
+    Subscribe,
+    Unsubscribe,
+)
+from tests.engine._helpers import delivered_messages, deliveries, make_message, of_type, send
+
+T = "/topic/t"
+PIPELINE = 5
+
+
+def make_engine(**changes: Any) -> TopicEngine:
+    return TopicEngine(TopicSettings(**changes), PIPELINE, Outbox())
+
+
+def subscribe(
+    conn: int,
+    sub: int,
+    *,
+    ack_mode: int = ACK_AUTO,
+    prefetch: int = 100,
+    destination: str = T,
+    receipt: str = "",
+) -> Subscribe:
+    return Subscribe(conn, sub, f"id-{sub}", destination, ack_mode, prefetch, receipt)
+
+
+def publish(engine: TopicEngine, ids: list[str], *, gateway: int = 9, destination: str = T) -> None:
+    for message_id in ids:
+        engine.handle(gateway, send(1, message_id, destination))
+
+
+def ids_for(out: dict[int, list[Record]], gateway: int, conn: int, sub: int) -> list[str]:
+    return [mid for g, c, s, mid in deliveries(out) if (g, c, s) == (gateway, conn, sub)]
+
+
+# -- fan-out ---------------------------------------------------------------------------------
+
+
+def test_every_subscriber_gets_every_message_in_order() -> None:
+    engine = make_engine()
+    engine.handle(0, subscribe(1, 1))
+    engine.handle(0, subscribe(2, 1))
+    engine.handle(1, subscribe(1, 1))
+    publish(engine, ["m1", "m2", "m3"])
+    out = engine.outbox.take()
+    for key in [(0, 1, 1), (0, 2, 1), (1, 1, 1)]:
+        assert ids_for(out, *key) == ["m1", "m2", "m3"]
+    assert engine.received == 3
+    assert engine.delivered == 9
+
+
+def test_one_deliver_record_per_gateway_carries_all_its_targets() -> None:
+    engine = make_engine()
+    engine.handle(0, subscribe(1, 1))
+    engine.handle(0, subscribe(2, 4))
+    engine.handle(1, subscribe(1, 1))
+    engine.handle(9, send(3, "m1", T, receipt="r"))
+    out = engine.outbox.take()
+    assert out[0] == [Deliver([(1, 1), (2, 4)], make_message("m1", T))]
+    assert out[1] == [Deliver([(1, 1)], make_message("m1", T))]
+    assert out[9] == [Receipt(3, "r")]
+
+
+def test_a_message_published_to_no_one_is_accepted_and_receipted() -> None:
+    engine = make_engine()
+    engine.handle(0, send(1, "m1", T, receipt="r"))
+    assert engine.outbox.take() == {0: [Receipt(1, "r")]}
+    assert engine.received == 1
+    assert engine.delivered == 0
+
+
+def test_subscribers_get_only_messages_published_after_they_subscribed() -> None:
+    engine = make_engine()
+    publish(engine, ["early"])
+    engine.handle(0, subscribe(1, 1))
+    publish(engine, ["late"])
+    assert [mid for *_, mid in deliveries(engine.outbox.take())] == ["late"]
+
+
+def test_topics_are_independent() -> None:
+    engine = make_engine()
+    engine.handle(0, subscribe(1, 1, destination="/topic/a"))
+    publish(engine, ["b1"], destination="/topic/b")
+    assert deliveries(engine.outbox.take()) == []
+
+
+def test_subscribe_repeated_for_the_same_handle_keeps_one_subscriber() -> None:
+    engine = make_engine()
+    engine.handle(0, subscribe(1, 1))
+    engine.handle(0, subscribe(1, 1, receipt="again"))
+    publish(engine, ["m1"])
+    out = engine.outbox.take()
+    assert Receipt(1, "again") in out[0]
+    assert deliveries(out) == [(0, 1, 1, "m1")]
+
+
+# -- windows and backlog ---------------------------------------------------------------------
+
+
+def test_a_full_window_keeps_later_messages_in_the_subscribers_backlog() -> None:
+    engine = make_engine()
+    engine.handle(0, subscribe(1, 1, prefetch=2))
+    engine.handle(0, subscribe(2, 1, prefetch=10))
+    publish(engine, ["m1", "m2", "m3", "m4"])
+    out = engine.outbox.take()
+    assert ids_for(out, 0, 1, 1) == ["m1", "m2"]
+    assert ids_for(out, 0, 2, 1) == ["m1", "m2", "m3", "m4"]
+
+
+def test_credit_drains_the_backlog_in_order() -> None:
+    engine = make_engine()
+    engine.handle(0, subscribe(1, 1, prefetch=1))
+    publish(engine, ["m1", "m2", "m3"])
+    engine.outbox.take()
+
+    engine.handle(0, Credit(1, [(1, 1)]))
+    assert ids_for(engine.outbox.take(), 0, 1, 1) == ["m2"]
+    engine.handle(0, Credit(1, [(1, 5)]))
+    assert ids_for(engine.outbox.take(), 0, 1, 1) == ["m3"]
+
+
+def test_new_messages_queue_behind_the_backlog_even_when_the_window_has_room() -> None:
+    engine = make_engine()
+    engine.handle(0, subscribe(1, 1, prefetch=2))
+    publish(engine, ["m1", "m2", "m3", "m4"])
+    engine.handle(0, Credit(1, [(1, 1)]))  # window room for one: m3 goes, m4 still waits
+    publish(engine, ["m5"])
+    engine.handle(0, Credit(1, [(1, 3)]))
+    assert ids_for(engine.outbox.take(), 0, 1, 1) == ["m1", "m2", "m3", "m4", "m5"]
+
+
+def test_client_mode_ack_frees_the_window_cumulatively() -> None:
+    engine = make_engine()
+    engine.handle(0, subscribe(1, 1, ack_mode=ACK_CLIENT, prefetch=2))
+    publish(engine, ["m1", "m2", "m3", "m4"])
+    engine.outbox.take()
+    engine.handle(0, Ack(1, 1, "m2", receipt="r"))
+    out = engine.outbox.take()
+    assert ids_for(out, 0, 1, 1) == ["m3", "m4"]
+    assert Receipt(1, "r") in out[0]
+
+
+def test_client_individual_ack_frees_one_slot() -> None:
+    engine = make_engine()
+    engine.handle(0, subscribe(1, 1, ack_mode=ACK_INDIVIDUAL, prefetch=2))
+    publish(engine, ["m1", "m2", "m3", "m4"])
+    engine.outbox.take()
+    engine.handle(0, Ack(1, 1, "m2"))
+    assert ids_for(engine.outbox.take(), 0, 1, 1) == ["m3"]
+
+
+def test_ack_in_auto_mode_and_credit_in_client_mode_free_nothing() -> None:
+    engine = make_engine()
+    engine.handle(0, subscribe(1, 1, ack_mode=ACK_AUTO, prefetch=1))
+    engine.handle(0, subscribe(1, 2, ack_mode=ACK_CLIENT, prefetch=1))
+    publish(engine, ["m1", "m2"])
+    engine.outbox.take()
+    engine.handle(0, Ack(1, 1, "m1"))
+    engine.handle(0, Credit(1, [(2, 1), (77, 1)]))
+    engine.handle(0, Ack(1, 2, "unknown"))
+    assert engine.outbox.take() == {}
+
+
+def test_backlog_overflow_refuses_the_publish_naming_the_limit() -> None:
+    engine = make_engine(max_pending_messages=2)
+    engine.handle(0, subscribe(1, 1, prefetch=1))  # slow subscriber
+    engine.handle(0, subscribe(2, 1, prefetch=100))
+    publish(engine, ["m1", "m2", "m3"])
+    engine.outbox.take()
+
+    engine.handle(4, send(6, "m4", T, receipt="r4"))
+
+    out = engine.outbox.take()
+    [(gateway, refuse)] = of_type(out, Refuse)
+    assert (gateway, refuse.conn, refuse.receipt) == (4, 6, "r4")
+    assert "max_pending_messages 2" in refuse.message
+    assert T in refuse.message
+    assert "id-1" in refuse.detail
+    # Refused as a whole: not even the subscriber with room got it.
+    assert deliveries(out) == []
+    assert engine.received == 3
+
+
+def test_backlog_has_room_again_once_drained() -> None:
+    engine = make_engine(max_pending_messages=1)
+    engine.handle(0, subscribe(1, 1, prefetch=1))
+    publish(engine, ["m1", "m2", "m3"])
+    assert len(of_type(engine.outbox.take(), Refuse)) == 1
+    engine.handle(0, Credit(1, [(1, 1)]))
+    publish(engine, ["m4"])
+    out = engine.outbox.take()
+    assert of_type(out, Refuse) == []
+    assert ids_for(out, 0, 1, 1) == ["m2"]
+
+
+# -- redelivery ------------------------------------------------------------------------------
+
+
+def test_nack_redelivers_to_that_subscriber_before_its_backlog() -> None:
+    engine = make_engine()
+    engine.handle(0, subscribe(1, 1, ack_mode=ACK_INDIVIDUAL, prefetch=1))
+    engine.handle(0, subscribe(2, 1, ack_mode=ACK_INDIVIDUAL, prefetch=1))
+    publish(engine, ["m1", "m2"])
+    engine.outbox.take()
+
+    engine.handle(0, Nack(1, 1, "m1", receipt="r"))
+
+    out = engine.outbox.take()
+    [message] = delivered_messages(out)
+    assert ids_for(out, 0, 1, 1) == ["m1"]
+    assert message.redelivered
+    assert Receipt(1, "r") in out[0]
+    engine.handle(0, Ack(1, 1, "m1"))
+    [message] = delivered_messages(engine.outbox.take())
+    assert (message.message_id, message.redelivered) == ("m2", False)
+
+
+def test_client_mode_nack_redelivers_every_settled_message_in_order() -> None:
+    engine = make_engine()
+    engine.handle(0, subscribe(1, 1, ack_mode=ACK_CLIENT, prefetch=3))
+    publish(engine, ["m1", "m2", "m3"])
+    engine.outbox.take()
+    engine.handle(0, Nack(1, 1, "m2"))
+    messages = delivered_messages(engine.outbox.take())
+    assert [(m.message_id, m.redelivered) for m in messages] == [("m1", True), ("m2", True)]
+
+
+def test_nack_of_an_unknown_message_changes_nothing() -> None:
+    engine = make_engine()
+    engine.handle(0, subscribe(1, 1, ack_mode=ACK_CLIENT, prefetch=1))
+    publish(engine, ["m1"])
+    engine.outbox.take()
+    engine.handle(0, Nack(1, 1, "nope"))
+    engine.handle(0, Nack(1, 9, "m1"))
+    assert engine.outbox.take() == {}
+
+
+# -- subscribers going away ------------------------------------------------------------------
+
+
+def test_unsubscribed_subscribers_get_nothing_more() -> None:
+    engine = make_engine()
+    engine.handle(0, subscribe(1, 1))
+    engine.handle(0, subscribe(1, 2))
+    engine.handle(0, Unsubscribe(1, 1, receipt="r"))
+    assert engine.outbox.take() == {0: [Receipt(1, "r")]}
+    publish(engine, ["m1"])
+    assert deliveries(engine.outbox.take()) == [(0, 1, 2, "m1")]
+
+
+def test_last_unsubscribe_forgets_the_topic() -> None:
+    engine = make_engine()
+    engine.handle(0, subscribe(1, 1))
+    engine.handle(0, Unsubscribe(1, 1))
+    engine.handle(0, Unsubscribe(1, 1))  # twice: harmless
+    assert engine.topics == {}
+    assert engine.consumers == {}
+
+
+def test_conn_closed_removes_only_that_connections_subscribers() -> None:
+    engine = make_engine()
+    engine.handle(0, subscribe(1, 1))
+    engine.handle(0, subscribe(1, 2))
+    engine.handle(0, subscribe(2, 1))
+    engine.handle(1, subscribe(1, 1))
+    engine.handle(0, ConnClosed(1))
+    assert engine.outbox.take() == {}
+    publish(engine, ["m1"])
+    assert deliveries(engine.outbox.take()) == [(0, 2, 1, "m1"), (1, 1, 1, "m1")]
+
+
+def test_gateway_hello_removes_every_subscriber_of_that_gateway() -> None:
+    engine = make_engine()
+    engine.handle(0, subscribe(1, 1, ack_mode=ACK_CLIENT, prefetch=1))
+    engine.handle(0, subscribe(2, 1))
+    engine.handle(1, subscribe(1, 1))
+    publish(engine, ["m1", "m2"])
+    engine.outbox.take()
+    engine.handle(0, Hello(0, 1))
+    assert engine.outbox.take() == {}
+    publish(engine, ["m3"])
+    assert deliveries(engine.outbox.take()) == [(1, 1, 1, "m3")]
+    assert set(engine.consumers) == {(1, 1, 1)}
+
+
+# -- receipts, barriers, unknown records -----------------------------------------------------
+
+
+def test_subscribe_and_unsubscribe_receipts_answer_on_their_gateway() -> None:
+    engine = make_engine()
+    engine.handle(3, subscribe(1, 1, receipt="s"))
+    engine.handle(3, Unsubscribe(1, 1, receipt="u"))
+    assert engine.outbox.take() == {3: [Receipt(1, "s"), Receipt(1, "u")]}
+
+
+def test_barrier_is_answered_with_barrier_done_naming_the_pipeline() -> None:
+    engine = make_engine()
+    engine.handle(2, Barrier(4, 11))
+    assert engine.outbox.take() == {2: [BarrierDone(4, 11, PIPELINE)]}
+
+
+@pytest.mark.parametrize(
+    "record",
+    [PipelineHello(0, 1), Deliver([(1, 1)], make_message("m", T)), Receipt(1, "r")],
+    ids=lambda r: type(r).__name__,
+)
+def test_records_a_pubsub_pipeline_does_not_handle_are_refused(record: Record) -> None:
+    with pytest.raises(ValueError, match=type(record).__name__):
+        make_engine().handle(0, record)
+
+
+# -- property --------------------------------------------------------------------------------
+
+Step = tuple[str, int, int]
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    prefetches=st.lists(st.integers(1, 4), min_size=1, max_size=3),
+    steps=st.lists(
+        st.tuples(st.sampled_from(["publish", "credit"]), st.integers(0, 2), st.integers(0, 4)),
+        max_size=40,
+    ),
+    limit=st.integers(1, 4),
+)
+def test_each_subscriber_receives_exactly_the_accepted_messages_in_order(
+    prefetches: list[int], steps: list[Step], limit: int
+) -> None:
+    engine = make_engine(max_pending_messages=limit)
+    for sub, prefetch in enumerate(prefetches):
+        engine.handle(sub % 2, subscribe(1, sub, prefetch=prefetch))
+    received: dict[tuple[int, int, int], list[str]] = {}
+    in_window = {sub: 0 for sub in range(len(prefetches))}
+    accepted: list[str] = []
+    for number, (action, which, count) in enumerate(steps):
+        if action == "publish":
+            engine.handle(7, send(1, f"m{number}", T))
+        else:
+            sub = which % len(prefetches)
+            count = min(count, in_window[sub])  # a gateway credits only what it was sent
+            engine.handle(sub % 2, Credit(1, [(sub, count)]))
+            in_window[sub] -= count
+        out = engine.outbox.take()
+        if action == "publish" and not of_type(out, Refuse):
+            accepted.append(f"m{number}")
+        for gateway, conn, sub, mid in deliveries(out):
+            received.setdefault((gateway, conn, sub), []).append(mid)
+            in_window[sub] += 1
+            assert in_window[sub] <= prefetches[sub]
+    # Drain everything, then every subscriber must hold the accepted sequence exactly.
+    for sub in range(len(prefetches)):
+        while in_window[sub]:
+            engine.handle(sub % 2, Credit(1, [(sub, in_window[sub])]))
+            in_window[sub] = 0
+            for gateway, conn, s, mid in deliveries(engine.outbox.take()):
+                received.setdefault((gateway, conn, s), []).append(mid)
+                in_window[s] += 1
+    for sub in range(len(prefetches)):
+        assert received.get((sub % 2, 1, sub), []) == accepted

@@ -1,0 +1,349 @@
+"""Configuration: defaults, sizes, validation messages, consistency checks, TOML loading."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from mpbroker.config import (
+    BrokerSettings,
+    Config,
+    ConfigError,
+    QueueSettings,
+    StompSettings,
+    config_from_mapping,
+    iter_settings,
+    load_config,
+    parse_size,
+)
+
+KiB, MiB, GiB = 1024, 1024**2, 1024**3
+
+
+def refused(data: dict[str, Any]) -> ConfigError:
+    with pytest.raises(ConfigError) as info:
+        config_from_mapping(data)
+    return info.value
+
+
+# -- defaults --------------------------------------------------------------------------------
+
+
+def test_no_file_means_the_documented_defaults() -> None:
+    config = load_config(None)
+    assert config == Config() == config_from_mapping({})
+    assert config.broker.port == 61613
+    assert config.broker.host == "127.0.0.1"
+    assert config.stomp.max_frame_bytes == 1 * MiB
+    assert config.rings.capacity_bytes == 2 * MiB
+    assert config.queues.max_bytes == 16 * MiB
+    assert config.queues.prefetch == 1000
+    assert config.topics.max_pending_messages == 10000
+    assert config.transactions.max_uncommitted_bytes == 2 * MiB
+    assert config.stomp.heartbeat_grace == 2.0
+
+
+def test_every_setting_is_documented_and_listed_in_declaration_order() -> None:
+    rows = iter_settings(Config())
+    keys = [key for key, _, _ in rows]
+    assert keys[0] == "broker.host"
+    assert len(keys) == len(set(keys))
+    assert {key.split(".")[0] for key in keys} == {
+        "broker",
+        "stomp",
+        "rings",
+        "queues",
+        "topics",
+        "transactions",
+    }
+    assert all(doc for _, _, doc in rows)
+    assert (
+        "queues.max_messages",
+        100000,
+        "most messages one queue holds (waiting, or delivered and not yet acknowledged)",
+    ) in rows
+
+
+def test_settings_are_immutable() -> None:
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        Config().broker.port = 1  # type: ignore[misc]
+
+
+def test_gateway_count_zero_means_one_per_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("os.cpu_count", lambda: 6)
+    assert BrokerSettings(gateways=0).gateway_count() == 6
+    assert BrokerSettings(gateways=3).gateway_count() == 3
+    monkeypatch.setattr("os.cpu_count", lambda: None)
+    assert BrokerSettings().gateway_count() == 1
+
+
+# -- sizes -----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("16MiB", 16 * MiB),
+        ("64 KiB", 64 * KiB),
+        ("1.5MB", 1_500_000),
+        ("2GiB", 2 * GiB),
+        ("3gb", 3_000_000_000),
+        ("10kb", 10_000),
+        ("512", 512),
+        ("512B", 512),
+        (" 7 mib ", 7 * MiB),
+        ("0.5KiB", 512),
+    ],
+)
+def test_parse_size_understands_binary_and_decimal_units(text: str, expected: int) -> None:
+    assert parse_size(text) == expected
+
+
+@pytest.mark.parametrize("text", ["", "MiB", "-1MiB", "1TiB", "1 M", "one", "1e6", "1,000"])
+def test_parse_size_refuses_what_is_not_a_size(text: str) -> None:
+    with pytest.raises(ValueError, match="not a size"):
+        parse_size(text)
+
+
+def test_byte_settings_accept_size_strings() -> None:
+    config = config_from_mapping(
+        {"queues": {"max_bytes": "32MiB"}, "rings": {"capacity_bytes": "4 MiB"}}
+    )
+    assert config.queues.max_bytes == 32 * MiB
+    assert config.rings.capacity_bytes == 4 * MiB
+
+
+def test_a_bad_size_names_the_key_and_says_sizes_are_allowed() -> None:
+    error = refused({"queues": {"max_bytes": "lots"}})
+    assert error.key == "queues.max_bytes"
+    assert error.value == "lots"
+    assert "'16MiB'" in error.allowed
+    assert str(error).startswith("config: queues.max_bytes = 'lots': ")
+
+
+def test_size_strings_are_only_for_byte_settings() -> None:
+    error = refused({"queues": {"max_messages": "10KiB"}})
+    assert error.key == "queues.max_messages"
+    assert "integer" in error.allowed
+
+
+# -- value validation ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("section", "key", "value", "allowed"),
+    [
+        ("broker", "port", 70000, "must be an integer from 0 to 65535"),
+        ("broker", "port", -1, "must be an integer from 0 to 65535"),
+        ("broker", "gateways", 257, "must be an integer from 0 to 256"),
+        ("broker", "p2p_workers", 0, "must be an integer from 1 to 64"),
+        ("broker", "max_connections", 0, "must be an integer >= 1"),
+        ("broker", "log_level", "verbose", "allowed: 'debug', 'info', 'warning', 'error'"),
+        ("broker", "host", 127, "must be a string"),
+        ("broker", "port", "61613", "must be an integer from 0 to 65535"),
+        ("broker", "port", 1.0, "must be an integer from 0 to 65535"),
+        ("stomp", "heartbeat_grace", 0.5, "must be a number >= 1"),
+        ("stomp", "heartbeat_grace", "2", "must be a number >= 1"),
+        ("stomp", "max_frame_bytes", 255, "must be an integer >= 256"),
+        ("rings", "park_timeout_ms", 10001, "must be an integer from 1 to 10000"),
+        ("queues", "prefetch", 0, "must be an integer >= 1"),
+        ("topics", "max_pending_messages", 0, "must be an integer >= 1"),
+        ("transactions", "max_open_per_connection", 0, "must be an integer >= 1"),
+    ],
+)
+def test_a_bad_value_names_the_key_the_value_and_what_is_allowed(
+    section: str, key: str, value: object, allowed: str
+) -> None:
+    error = refused({section: {key: value}})
+    assert error.key == f"{section}.{key}"
+    assert error.value == value
+    assert error.allowed == allowed
+    assert str(error) == f"config: {section}.{key} = {value!r}: {allowed}"
+
+
+@pytest.mark.parametrize(
+    ("section", "key"),
+    [
+        ("broker", "gateways"),
+        ("broker", "port"),
+        ("queues", "max_bytes"),
+        ("stomp", "heartbeat_grace"),
+    ],
+)
+def test_a_bool_is_not_a_number(section: str, key: str) -> None:
+    error = refused({section: {key: True}})
+    assert error.key == f"{section}.{key}"
+    assert error.value is True
+
+
+@pytest.mark.parametrize("value", [math.inf, -math.inf, math.nan])
+def test_non_finite_numbers_are_refused(value: float) -> None:
+    error = refused({"stomp": {"heartbeat_grace": value}})
+    assert error.key == "stomp.heartbeat_grace"
+
+
+def test_an_integer_is_accepted_where_a_number_is_expected() -> None:
+    config = config_from_mapping({"stomp": {"heartbeat_grace": 3}})
+    assert config.stomp.heartbeat_grace == 3.0
+    assert isinstance(config.stomp.heartbeat_grace, float)
+
+
+def test_limits_at_the_edges_of_their_range_are_accepted() -> None:
+    config = config_from_mapping(
+        {"broker": {"port": 0, "gateways": 256, "p2p_workers": 64}, "stomp": {"heartbeat_grace": 1}}
+    )
+    assert (config.broker.port, config.broker.gateways, config.broker.p2p_workers) == (0, 256, 64)
+
+
+def test_an_unknown_section_is_refused_listing_the_known_ones() -> None:
+    error = refused({"queue": {"prefetch": 5}})
+    assert error.key == "queue"
+    assert "unknown section" in error.allowed
+    assert "queues" in error.allowed and "transactions" in error.allowed
+
+
+def test_an_unknown_key_is_refused_listing_the_known_ones() -> None:
+    error = refused({"broker": {"prot": 1}})
+    assert error.key == "broker.prot"
+    assert error.value == 1
+    assert "unknown setting" in error.allowed
+    assert "port" in error.allowed
+
+
+def test_a_section_must_be_a_table() -> None:
+    error = refused({"broker": 5})
+    assert error.key == "broker"
+    assert error.allowed == "must be a table of settings"
+
+
+def test_config_error_is_a_value_error() -> None:
+    assert issubclass(ConfigError, ValueError)
+
+
+# -- consistency -----------------------------------------------------------------------------
+
+
+def test_ring_capacity_must_be_a_power_of_two() -> None:
+    error = refused({"rings": {"capacity_bytes": 3 * MiB}})
+    assert error.key == "rings.capacity_bytes"
+    assert error.value == 3 * MiB
+    assert error.allowed == "must be a power of two"
+
+
+def test_a_ring_must_hold_two_of_the_largest_frames() -> None:
+    error = refused({"rings": {"capacity_bytes": "1MiB"}, "stomp": {"max_frame_bytes": "1MiB"}})
+    assert error.key == "rings.capacity_bytes"
+    assert f"stomp.max_frame_bytes = {MiB}" in error.allowed
+    assert f">= {2 * MiB}" in error.allowed
+    config = config_from_mapping(
+        {"rings": {"capacity_bytes": "1MiB"}, "stomp": {"max_frame_bytes": "512KiB"}}
+    )
+    assert config.rings.capacity_bytes == MiB
+
+
+def test_a_header_line_cannot_be_longer_than_a_frame() -> None:
+    error = refused({"stomp": {"max_frame_bytes": 1000, "max_header_bytes": 1001}})
+    assert error.key == "stomp.max_header_bytes"
+    assert error.value == 1001
+    assert "stomp.max_frame_bytes = 1000" in error.allowed
+
+
+# -- Config.replace --------------------------------------------------------------------------
+
+
+def test_replace_changes_one_section_and_keeps_the_rest() -> None:
+    base = config_from_mapping({"queues": {"prefetch": 7}})
+    changed = base.replace("broker", port=1234, host="0.0.0.0")
+    assert changed.broker.port == 1234
+    assert changed.broker.host == "0.0.0.0"
+    assert changed.queues.prefetch == 7
+    assert base.broker.port == 61613  # the original is untouched
+
+
+def test_replace_validates_the_new_values() -> None:
+    with pytest.raises(ConfigError) as info:
+        Config().replace("broker", port=99999)
+    assert info.value.key == "broker.port"
+    with pytest.raises(ConfigError) as info:
+        Config().replace("stomp", max_frame_bytes=4 * MiB)
+    assert info.value.key == "rings.capacity_bytes"
+    with pytest.raises(ConfigError) as info:
+        Config().replace("queues", nonsense=1)
+    assert info.value.key == "queues.nonsense"
+
+
+def test_replace_accepts_sizes_like_the_file_does() -> None:
+    assert Config().replace("queues", max_bytes="1MiB").queues == QueueSettings(max_bytes=MiB)
+
+
+# -- load_config -----------------------------------------------------------------------------
+
+
+def test_load_config_overlays_a_toml_file_on_the_defaults(tmp_path: Path) -> None:
+    path = tmp_path / "broker.toml"
+    path.write_text(
+        '[broker]\nport = 7000\nlog_level = "debug"\n\n[stomp]\nmax_frame_bytes = "256KiB"\n'
+    )
+    config = load_config(path)
+    assert config.broker.port == 7000
+    assert config.broker.log_level == "debug"
+    assert config.stomp == StompSettings(max_frame_bytes=256 * KiB)
+    assert config.queues == Config().queues
+    assert load_config(str(path)) == config
+
+
+def test_an_empty_file_gives_the_defaults(tmp_path: Path) -> None:
+    path = tmp_path / "empty.toml"
+    path.write_text("")
+    assert load_config(path) == Config()
+
+
+def test_a_missing_file_is_a_config_error_naming_it(tmp_path: Path) -> None:
+    path = tmp_path / "nope.toml"
+    with pytest.raises(ConfigError) as info:
+        load_config(path)
+    assert info.value.key == "--config"
+    assert info.value.value == str(path)
+    assert info.value.allowed == "file not found"
+
+
+def test_invalid_toml_is_a_config_error_saying_where(tmp_path: Path) -> None:
+    path = tmp_path / "bad.toml"
+    path.write_text("[broker\nport = 1\n")
+    with pytest.raises(ConfigError) as info:
+        load_config(path)
+    assert info.value.key == "--config"
+    assert info.value.allowed.startswith("not valid TOML: ")
+    assert "line 1" in info.value.allowed
+
+
+def test_a_bad_value_in_a_file_names_the_key(tmp_path: Path) -> None:
+    path = tmp_path / "broker.toml"
+    path.write_text("[broker]\ngateways = true\n")
+    with pytest.raises(ConfigError) as info:
+        load_config(path)
+    assert info.value.key == "broker.gateways"
+
+
+def test_a_top_level_key_in_a_file_is_an_unknown_section(tmp_path: Path) -> None:
+    path = tmp_path / "broker.toml"
+    path.write_text("port = 1\n")
+    with pytest.raises(ConfigError) as info:
+        load_config(path)
+    assert info.value.key == "port"
+    assert "unknown section" in info.value.allowed
+
+
+def test_a_config_path_that_is_a_directory_is_a_config_error(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="cannot be read"):
+        load_config(tmp_path)
+
+
+def test_a_config_file_that_is_not_utf8_is_a_config_error(tmp_path: Path) -> None:
+    (tmp_path / "x.toml").write_bytes(b'[broker]\nhost = "caf\xe9"\n')
+    with pytest.raises(ConfigError, match="not UTF-8"):
+        load_config(tmp_path / "x.toml")

@@ -1,0 +1,964 @@
+"""GatewaySession: one STOMP connection as a sans-IO state machine (frames in; bytes, records out)."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterator
+
+import pytest
+
+from mpbroker.config import Config
+from mpbroker.gateway_session import GatewaySession, SessionState, TransactionBudget
+from mpbroker.records import (
+    ACK_AUTO,
+    ACK_CLIENT,
+    ACK_INDIVIDUAL,
+    Ack,
+    Barrier,
+    ConnClosed,
+    Credit,
+    Message,
+    Nack,
+    Record,
+    Refuse,
+    Send,
+    Subscribe,
+    Unsubscribe,
+)
+from mpbroker.routing import Topology
+from mpbroker.stomp import SERVER_COMMANDS, Frame, FrameParser
+
+CONN = 7
+NOW = 123_456
+TOPOLOGY = Topology(p2p=3, pubsub=2)
+
+
+def message_ids() -> Iterator[str]:
+    return (f"ID-{n}" for n in itertools.count(1))
+
+
+def new_session(
+    config: Config | None = None,
+    budget: TransactionBudget | None = None,
+    conn: int = CONN,
+) -> GatewaySession:
+    config = config or Config()
+    return GatewaySession(
+        conn,
+        config,
+        TOPOLOGY,
+        message_ids(),
+        budget or TransactionBudget(config.transactions.max_uncommitted_bytes),
+    )
+
+
+def frames(session: GatewaySession) -> list[Frame]:
+    """Parse and clear what the session wants written to the socket."""
+    parser = FrameParser(commands=SERVER_COMMANDS, version=session.version)
+    parsed = parser.feed(b"".join(session.out))
+    assert parser.buffered_bytes == 0
+    session.out.clear()
+    return parsed
+
+
+def routes(session: GatewaySession) -> list[tuple[int, Record]]:
+    taken = list(session.routes)
+    session.routes.clear()
+    return taken
+
+
+def frame(command: str, body: bytes = b"", **headers: str) -> Frame:
+    return Frame(command, {k.replace("_", "-"): v for k, v in headers.items()}, body)
+
+
+def connected(version: str = "1.2", config: Config | None = None) -> GatewaySession:
+    session = new_session(config)
+    session.on_frame(frame("CONNECT", accept_version=version, host="h"), NOW)
+    [reply] = frames(session)
+    assert reply.command == "CONNECTED"
+    return session
+
+
+def error_of(session: GatewaySession) -> Frame:
+    [error] = frames(session)
+    assert error.command == "ERROR"
+    assert session.closing
+    assert session.is_closing()
+    return error
+
+
+def subscribed(
+    session: GatewaySession, sub_id: str = "s1", destination: str = "/queue/q", ack: str = "client"
+) -> Subscribe:
+    session.on_frame(frame("SUBSCRIBE", id=sub_id, destination=destination, ack=ack), NOW)
+    [(_, record)] = routes(session)
+    assert isinstance(record, Subscribe)
+    return record
+
+
+def make_message(
+    message_id: str = "m1",
+    destination: str = "/queue/q",
+    headers: dict[str, str] | None = None,
+    *,
+    redelivered: bool = False,
+) -> Message:
+    return Message(message_id, destination, headers or {}, b"payload", 1, redelivered=redelivered)
+
+
+# -- CONNECT ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("accept_version", "expected"),
+    [
+        (None, "1.0"),
+        ("1.0", "1.0"),
+        ("1.1", "1.1"),
+        ("1.2", "1.2"),
+        ("1.0,1.1,1.2", "1.2"),
+        ("1.1, 1.0", "1.1"),
+        ("1.2,2.0", "1.2"),
+    ],
+)
+def test_connect_negotiates_the_highest_common_version(
+    accept_version: str | None, expected: str
+) -> None:
+    session = new_session()
+    headers = {} if accept_version is None else {"accept-version": accept_version}
+    session.on_frame(Frame("CONNECT", headers), NOW)
+    [reply] = frames(session)
+    assert reply.command == "CONNECTED"
+    assert reply.headers["version"] == expected
+    assert reply.headers["server"] == "mpbroker"
+    assert reply.headers["session"] == f"session-{CONN}"
+    assert session.version == expected
+    assert session.connected
+    assert session.state == SessionState.CONNECTED
+
+
+def test_stomp_command_connects_like_connect() -> None:
+    session = new_session()
+    session.on_frame(frame("STOMP", accept_version="1.2", host="h", client_id="me"), NOW)
+    [reply] = frames(session)
+    assert reply.command == "CONNECTED"
+    assert session.client_id == "me"
+
+
+def test_connected_offers_the_configured_heart_beat_except_to_1_0_clients() -> None:
+    config = Config().replace("stomp", heartbeat_send_ms=500, heartbeat_receive_ms=2000)
+    for version in ("1.1", "1.2"):
+        session = new_session(config)
+        session.on_frame(frame("CONNECT", accept_version=version), NOW)
+        assert frames(session)[0].headers["heart-beat"] == "500,2000"
+    session = new_session(config)
+    session.on_frame(frame("CONNECT", accept_version="1.0"), NOW)
+    assert "heart-beat" not in frames(session)[0].headers
+
+
+@pytest.mark.parametrize(
+    ("client", "server", "expected"),
+    [
+        (None, (1000, 1000), (0, 0)),
+        ("0,0", (1000, 1000), (0, 0)),
+        ("3000,500", (1000, 1000), (1000, 3000)),
+        ("500,5000", (1000, 1000), (5000, 1000)),
+        ("500,5000", (0, 1000), (0, 1000)),
+        ("500,5000", (1000, 0), (5000, 0)),
+        (" 10 , 20 ", (1, 1), (20, 10)),
+    ],
+)
+def test_heart_beat_is_negotiated_against_the_configured_offer(
+    client: str | None, server: tuple[int, int], expected: tuple[int, int]
+) -> None:
+    config = Config().replace("stomp", heartbeat_send_ms=server[0], heartbeat_receive_ms=server[1])
+    session = new_session(config)
+    headers = {"accept-version": "1.2"}
+    if client is not None:
+        headers["heart-beat"] = client
+    session.on_frame(Frame("CONNECT", headers), NOW)
+    assert session.heartbeat == expected
+
+
+def test_a_malformed_heart_beat_is_an_error() -> None:
+    session = new_session()
+    session.on_frame(frame("CONNECT", accept_version="1.2", heart_beat="soon", receipt="r"), NOW)
+    error = error_of(session)
+    assert "heart-beat" in error.headers["message"]
+    assert error.headers["receipt-id"] == "r"
+    assert not session.connected
+
+
+def test_an_unsupported_version_is_refused_with_the_supported_ones() -> None:
+    session = new_session()
+    session.on_frame(frame("CONNECT", accept_version="2.0,3.1"), NOW)
+    error = error_of(session)
+    assert error.headers["message"] == "unsupported protocol version"
+    assert b"1.0, 1.1 and 1.2" in error.body
+    assert "'2.0,3.1'" in error.body.decode()
+    assert error.headers["content-type"] == "text/plain"
+    assert not session.connected
+
+
+def test_a_frame_before_connect_is_an_error() -> None:
+    session = new_session()
+    session.on_frame(frame("SEND", destination="/queue/q", receipt="r"), NOW)
+    error = error_of(session)
+    assert error.headers["message"] == "expected CONNECT, got SEND"
+    assert error.headers["receipt-id"] == "r"
+    assert session.routes == []
+
+
+def test_connect_twice_is_an_error() -> None:
+    session = connected()
+    session.on_frame(frame("CONNECT", accept_version="1.2"), NOW)
+    assert error_of(session).headers["message"] == "CONNECT is not valid after CONNECT"
+
+
+def test_an_unknown_command_after_connect_is_an_error() -> None:
+    session = connected()
+    session.on_frame(Frame("FLY"), NOW)
+    assert error_of(session).headers["message"] == "FLY is not valid after CONNECT"
+
+
+# -- SEND ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("destination", ["/queue/orders", "/queue/b", "/topic/prices", "/topic/z"])
+def test_send_is_routed_to_the_pipeline_that_owns_the_destination(destination: str) -> None:
+    session = connected()
+    session.on_frame(frame("SEND", b"hi", destination=destination), NOW)
+    [(pipeline, record)] = routes(session)
+    assert pipeline == TOPOLOGY.owner(destination)
+    assert isinstance(record, Send)
+    assert record.message.destination == destination
+    assert frames(session) == []
+    assert pipeline in session.touched
+
+
+def test_send_becomes_a_message_with_the_users_headers_only() -> None:
+    session = connected()
+    session.on_frame(
+        frame(
+            "SEND",
+            b"body\x00bytes",
+            destination="/queue/q",
+            receipt="r1",
+            content_length="10",
+            content_type="text/plain",
+            persistent="true",
+            color="blue",
+        ),
+        NOW,
+    )
+    [(_, record)] = routes(session)
+    assert isinstance(record, Send)
+    assert record.conn == CONN
+    assert record.receipt == "r1"
+    assert record.message == Message(
+        "ID-1",
+        "/queue/q",
+        {"content-type": "text/plain", "persistent": "true", "color": "blue"},
+        b"body\x00bytes",
+        NOW,
+        persistent=True,
+    )
+
+
+def test_each_send_takes_the_next_message_id() -> None:
+    session = connected()
+    for _ in range(3):
+        session.on_frame(frame("SEND", destination="/queue/q"), NOW)
+    ids = [r.message.message_id for _, r in routes(session) if isinstance(r, Send)]
+    assert ids == ["ID-1", "ID-2", "ID-3"]
+
+
+@pytest.mark.parametrize("value", ["false", "TRUE", "1", ""])
+def test_only_persistent_true_makes_a_message_persistent(value: str) -> None:
+    session = connected()
+    session.on_frame(frame("SEND", destination="/queue/q", persistent=value), NOW)
+    [(_, record)] = routes(session)
+    assert isinstance(record, Send)
+    assert not record.message.persistent
+
+
+def test_send_without_destination_is_an_error_answering_the_receipt() -> None:
+    session = connected()
+    session.on_frame(frame("SEND", receipt="r9"), NOW)
+    error = error_of(session)
+    assert error.headers["message"] == "SEND needs a destination header"
+    assert error.headers["receipt-id"] == "r9"
+    assert session.routes == []
+
+
+@pytest.mark.parametrize("destination", ["/queues/x", "orders", "/queue/", "/topic/a\tb"])
+def test_send_to_an_unknown_destination_kind_is_an_error_naming_it(destination: str) -> None:
+    session = connected()
+    session.on_frame(frame("SEND", destination=destination, receipt="r"), NOW)
+    error = error_of(session)
+    assert repr(destination) in error.headers["message"]
+    assert error.headers["receipt-id"] == "r"
+    assert session.routes == []
+
+
+def test_frames_after_an_error_are_ignored() -> None:
+    session = connected()
+    session.on_frame(frame("SEND"), NOW)
+    error_of(session)
+    session.on_frame(frame("SEND", destination="/queue/q"), NOW)
+    assert session.routes == []
+    assert session.out == []
+
+
+# -- SUBSCRIBE / UNSUBSCRIBE -----------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("ack", "mode"),
+    [("auto", ACK_AUTO), ("client", ACK_CLIENT), ("client-individual", ACK_INDIVIDUAL)],
+)
+def test_subscribe_registers_with_the_owner_pipeline(ack: str, mode: int) -> None:
+    session = connected()
+    session.on_frame(frame("SUBSCRIBE", id="s1", destination="/queue/q", ack=ack, receipt="r"), 0)
+    [(pipeline, record)] = routes(session)
+    assert pipeline == TOPOLOGY.owner("/queue/q")
+    assert record == Subscribe(CONN, 1, "s1", "/queue/q", mode, 1000, "r")
+    assert frames(session) == []  # the pipeline answers the receipt
+
+
+def test_ack_mode_defaults_to_auto() -> None:
+    session = connected()
+    session.on_frame(frame("SUBSCRIBE", id="s1", destination="/topic/t"), NOW)
+    [(_, record)] = routes(session)
+    assert isinstance(record, Subscribe)
+    assert record.ack_mode == ACK_AUTO
+
+
+def test_each_subscription_gets_its_own_handle() -> None:
+    session = connected()
+    handles = [subscribed(session, f"s{i}").sub for i in range(3)]
+    assert handles == [1, 2, 3]
+
+
+def test_prefetch_defaults_come_from_the_queue_and_topic_settings() -> None:
+    config = Config().replace("queues", prefetch=5).replace("topics", prefetch=9)
+    session = connected(config=config)
+    assert subscribed(session, "a", "/queue/q").prefetch == 5
+    assert subscribed(session, "b", "/topic/t").prefetch == 9
+
+
+def test_prefetch_size_header_overrides_the_default() -> None:
+    session = connected()
+    headers = {"id": "s", "destination": "/queue/q", "activemq.prefetchSize": "3"}
+    session.on_frame(Frame("SUBSCRIBE", headers), NOW)
+    [(_, record)] = routes(session)
+    assert isinstance(record, Subscribe)
+    assert record.prefetch == 3
+
+
+@pytest.mark.parametrize("value", ["0", "-1", "many", ""])
+def test_prefetch_size_below_one_or_not_a_number_is_an_error(value: str) -> None:
+    session = connected()
+    headers = {"id": "s", "destination": "/queue/q", "activemq.prefetchSize": value}
+    session.on_frame(Frame("SUBSCRIBE", headers), NOW)
+    error = error_of(session)
+    assert "activemq.prefetchSize" in error.headers["message"]
+    assert ">= 1" in error.headers["message"]
+
+
+def test_subscribe_with_an_id_already_in_use_is_an_error() -> None:
+    session = connected()
+    subscribed(session, "dup")
+    session.on_frame(frame("SUBSCRIBE", id="dup", destination="/queue/other", receipt="r"), NOW)
+    error = error_of(session)
+    assert "'dup' is already in use" in error.headers["message"]
+    assert error.headers["receipt-id"] == "r"
+
+
+def test_subscribe_with_an_unknown_ack_mode_is_an_error() -> None:
+    session = connected()
+    session.on_frame(frame("SUBSCRIBE", id="s", destination="/queue/q", ack="sometimes"), NOW)
+    error = error_of(session)
+    assert "'sometimes'" in error.headers["message"]
+    assert b"auto, client, client-individual" in error.body
+
+
+def test_subscribe_needs_an_id_in_1_2() -> None:
+    session = connected("1.2")
+    session.on_frame(frame("SUBSCRIBE", destination="/queue/q"), NOW)
+    assert error_of(session).headers["message"] == "SUBSCRIBE needs an id header"
+
+
+@pytest.mark.parametrize("version", ["1.0", "1.1"])
+def test_subscribe_without_id_uses_the_destination_in_older_versions(version: str) -> None:
+    session = connected(version)
+    session.on_frame(frame("SUBSCRIBE", destination="/queue/q"), NOW)
+    [(_, record)] = routes(session)
+    assert isinstance(record, Subscribe)
+    assert record.sub_id == "/queue/q"
+    session.on_frame(frame("UNSUBSCRIBE", destination="/queue/q"), NOW)
+    [(_, unsubscribe)] = routes(session)
+    assert unsubscribe == Unsubscribe(CONN, record.sub, "")
+
+
+def test_subscribe_to_a_bad_destination_is_an_error() -> None:
+    session = connected()
+    session.on_frame(frame("SUBSCRIBE", id="s", destination="/elsewhere/q"), NOW)
+    assert "/elsewhere/q" in error_of(session).headers["message"]
+
+
+def test_unsubscribe_goes_to_the_pipeline_of_the_subscription() -> None:
+    session = connected()
+    sub = subscribed(session, "s1", "/topic/t")
+    session.on_frame(frame("UNSUBSCRIBE", id="s1", receipt="r"), NOW)
+    assert routes(session) == [(TOPOLOGY.owner("/topic/t"), Unsubscribe(CONN, sub.sub, "r"))]
+    assert not session.deliver(sub.sub, make_message(destination="/topic/t"))
+
+
+def test_unsubscribe_of_an_unknown_id_is_an_error() -> None:
+    session = connected()
+    session.on_frame(frame("UNSUBSCRIBE", id="ghost", receipt="r"), NOW)
+    error = error_of(session)
+    assert error.headers["message"] == "no subscription with id 'ghost'"
+    assert error.headers["receipt-id"] == "r"
+
+
+def test_unsubscribe_without_id_is_an_error() -> None:
+    session = connected()
+    session.on_frame(frame("UNSUBSCRIBE"), NOW)
+    assert error_of(session).headers["message"] == "UNSUBSCRIBE needs an id header"
+
+
+def test_a_subscription_id_can_be_reused_after_unsubscribe() -> None:
+    session = connected()
+    first = subscribed(session, "s")
+    session.on_frame(frame("UNSUBSCRIBE", id="s"), NOW)
+    routes(session)
+    second = subscribed(session, "s")
+    assert second.sub != first.sub
+
+
+# -- MESSAGE ---------------------------------------------------------------------------------
+
+
+def test_deliver_writes_a_message_frame_for_the_subscription() -> None:
+    session = connected()
+    sub = subscribed(session, "s1", ack="client")
+    message = make_message("m1", headers={"color": "blue", "content-type": "text/plain"})
+    assert session.deliver(sub.sub, message)
+    [msg] = frames(session)
+    assert msg.command == "MESSAGE"
+    assert msg.headers == {
+        "subscription": "s1",
+        "message-id": "m1",
+        "destination": "/queue/q",
+        "ack": f"{sub.sub}/m1",
+        "color": "blue",
+        "content-type": "text/plain",
+        "content-length": "7",
+    }
+    assert msg.body == b"payload"
+
+
+def test_auto_mode_messages_carry_no_ack_header() -> None:
+    session = connected()
+    sub = subscribed(session, ack="auto")
+    session.deliver(sub.sub, make_message())
+    [msg] = frames(session)
+    assert "ack" not in msg.headers
+
+
+def test_redelivered_messages_say_so() -> None:
+    session = connected()
+    sub = subscribed(session)
+    session.deliver(sub.sub, make_message(redelivered=True))
+    session.deliver(sub.sub, make_message("m2"))
+    first, second = frames(session)
+    assert first.headers["redelivered"] == "true"
+    assert "redelivered" not in second.headers
+
+
+def test_user_headers_cannot_override_the_brokers_message_headers() -> None:
+    session = connected()
+    sub = subscribed(session, "mine")
+    spoof = {"subscription": "theirs", "message-id": "fake", "destination": "/queue/x"}
+    session.deliver(sub.sub, make_message("real", headers=spoof))
+    [msg] = frames(session)
+    assert msg.headers["subscription"] == "mine"
+    assert msg.headers["message-id"] == "real"
+    assert msg.headers["destination"] == "/queue/q"
+
+
+def test_header_values_survive_1_2_escaping() -> None:
+    session = connected("1.2")
+    sub = subscribed(session)
+    value = "a:b\\c\nd"
+    session.deliver(sub.sub, make_message(headers={"odd": value}))
+    [msg] = frames(session)
+    assert msg.headers["odd"] == value
+
+
+@pytest.mark.parametrize("version", ["1.0", "1.1"])
+def test_line_breaks_a_version_cannot_escape_are_blanked(version: str) -> None:
+    session = connected(version)
+    sub = subscribed(session)
+    session.deliver(sub.sub, make_message(headers={"note": "one\r\ntwo", "x-next": "kept"}))
+    [msg] = frames(session)
+    assert msg.headers["note"] == "one  two"
+    assert msg.headers["x-next"] == "kept"
+
+
+def test_deliver_to_an_unknown_subscription_or_a_closing_session_writes_nothing() -> None:
+    session = connected()
+    sub = subscribed(session)
+    assert not session.deliver(99, make_message())
+    session.fail("bye")
+    session.out.clear()
+    assert not session.deliver(sub.sub, make_message())
+    assert session.out == []
+
+
+# -- ACK / NACK ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("command", "kind"), [("ACK", Ack), ("NACK", Nack)])
+def test_1_2_ack_id_from_the_message_routes_to_the_subscriptions_pipeline(
+    command: str, kind: type[Ack] | type[Nack]
+) -> None:
+    session = connected("1.2")
+    sub = subscribed(session, "s1", "/topic/t", ack="client-individual")
+    session.deliver(sub.sub, make_message("ID-x/y", "/topic/t"))
+    ack_id = frames(session)[0].headers["ack"]
+    session.on_frame(frame(command, id=ack_id, receipt="r"), NOW)
+    assert routes(session) == [(TOPOLOGY.owner("/topic/t"), kind(CONN, sub.sub, "ID-x/y", "r"))]
+
+
+@pytest.mark.parametrize("ack_id", ["nope", "99/m1", "1/", "/m1", "-1/m1", "x1/m1"])
+def test_1_2_ack_with_an_id_matching_no_subscription_is_an_error(ack_id: str) -> None:
+    session = connected("1.2")
+    subscribed(session)
+    session.on_frame(frame("ACK", id=ack_id, receipt="r"), NOW)
+    error = error_of(session)
+    assert repr(ack_id) in error.headers["message"]
+    assert error.headers["receipt-id"] == "r"
+    assert session.routes == []
+
+
+def test_1_2_ack_without_id_is_an_error() -> None:
+    session = connected("1.2")
+    subscribed(session)
+    session.on_frame(frame("ACK", message_id="m1", subscription="s1"), NOW)
+    message = error_of(session).headers["message"]
+    assert message.startswith("ACK needs a") and message.endswith(" id header")
+
+
+@pytest.mark.parametrize("version", ["1.0", "1.1"])
+def test_older_versions_ack_by_message_id_and_subscription(version: str) -> None:
+    session = connected(version)
+    first = subscribed(session, "a")
+    second = subscribed(session, "b", "/topic/t")
+    session.on_frame(frame("ACK", message_id="m1", subscription="b"), NOW)
+    session.on_frame(frame("NACK", message_id="m2", subscription="a"), NOW)
+    assert routes(session) == [
+        (TOPOLOGY.owner("/topic/t"), Ack(CONN, second.sub, "m1", "")),
+        (TOPOLOGY.owner("/queue/q"), Nack(CONN, first.sub, "m2", "")),
+    ]
+
+
+def test_older_versions_may_omit_the_subscription_when_there_is_only_one() -> None:
+    session = connected("1.1")
+    sub = subscribed(session)
+    session.on_frame(frame("ACK", message_id="m1"), NOW)
+    [(_, record)] = routes(session)
+    assert record == Ack(CONN, sub.sub, "m1", "")
+
+
+def test_older_versions_need_the_subscription_when_there_are_several() -> None:
+    session = connected("1.1")
+    subscribed(session, "a")
+    subscribed(session, "b")
+    session.on_frame(frame("ACK", message_id="m1"), NOW)
+    assert "needs a subscription header" in error_of(session).headers["message"]
+
+
+def test_older_versions_ack_for_an_unknown_subscription_is_an_error() -> None:
+    session = connected("1.1")
+    subscribed(session, "a")
+    session.on_frame(frame("ACK", message_id="m1", subscription="zz"), NOW)
+    assert error_of(session).headers["message"] == "no subscription with id 'zz'"
+
+
+def test_older_versions_ack_without_message_id_is_an_error() -> None:
+    session = connected("1.0")
+    subscribed(session, "a")
+    session.on_frame(frame("ACK", subscription="a"), NOW)
+    assert error_of(session).headers["message"] == "ACK needs a message-id header"
+
+
+# -- auto-ack credits ------------------------------------------------------------------------
+
+
+def test_take_credits_counts_auto_deliveries_per_subscription_and_pipeline() -> None:
+    session = connected()
+    q = subscribed(session, "q", "/queue/q", ack="auto")
+    t = subscribed(session, "t", "/topic/t", ack="auto")
+    c = subscribed(session, "c", "/queue/q", ack="client")
+    for handle, n in ((q.sub, 3), (t.sub, 1), (c.sub, 2)):
+        for i in range(n):
+            session.deliver(handle, make_message(f"m{handle}-{i}"))
+    credits = dict(session.take_credits())
+    assert credits == {
+        TOPOLOGY.owner("/queue/q"): Credit(CONN, [(q.sub, 3)]),
+        TOPOLOGY.owner("/topic/t"): Credit(CONN, [(t.sub, 1)]),
+    }
+    assert session.take_credits() == []
+
+
+def test_credits_of_a_subscription_that_ended_are_not_sent() -> None:
+    session = connected()
+    sub = subscribed(session, "q", ack="auto")
+    session.deliver(sub.sub, make_message())
+    session.on_frame(frame("UNSUBSCRIBE", id="q"), NOW)
+    assert session.take_credits() == []
+
+
+# -- transactions ----------------------------------------------------------------------------
+
+
+def test_transacted_sends_are_held_until_commit_then_routed_in_order() -> None:
+    session = connected()
+    session.on_frame(frame("BEGIN", transaction="tx", receipt="b"), NOW)
+    session.on_frame(frame("SEND", b"1", destination="/queue/a", transaction="tx"), NOW)
+    session.on_frame(frame("SEND", b"2", destination="/topic/b", transaction="tx"), NOW)
+    assert [f.headers["receipt-id"] for f in frames(session)] == ["b"]
+    assert session.routes == []
+
+    session.on_frame(frame("COMMIT", transaction="tx"), NOW)
+
+    sent = routes(session)
+    assert [(p, r.message.body) for p, r in sent if isinstance(r, Send)] == [
+        (TOPOLOGY.owner("/queue/a"), b"1"),
+        (TOPOLOGY.owner("/topic/b"), b"2"),
+    ]
+    assert all("transaction" not in r.message.headers for _, r in sent if isinstance(r, Send))
+    assert session.transactions == {}
+
+
+def test_abort_discards_the_transaction_and_frees_its_budget() -> None:
+    budget = TransactionBudget(100)
+    session = new_session(budget=budget)
+    session.on_frame(frame("CONNECT", accept_version="1.2"), NOW)
+    session.on_frame(frame("BEGIN", transaction="tx"), NOW)
+    session.on_frame(frame("SEND", b"x" * 40, destination="/queue/a", transaction="tx"), NOW)
+    assert budget.used == 40
+    session.on_frame(frame("ABORT", transaction="tx", receipt="r"), NOW)
+    assert budget.used == 0
+    assert session.routes == []
+    assert frames(session)[-1].headers["receipt-id"] == "r"
+
+
+def test_commit_frees_the_budget() -> None:
+    budget = TransactionBudget(100)
+    session = new_session(budget=budget)
+    session.on_frame(frame("CONNECT", accept_version="1.2"), NOW)
+    session.on_frame(frame("BEGIN", transaction="tx"), NOW)
+    session.on_frame(frame("SEND", b"x" * 40, destination="/queue/a", transaction="tx"), NOW)
+    session.on_frame(frame("COMMIT", transaction="tx"), NOW)
+    assert budget.used == 0
+
+
+def test_the_uncommitted_bytes_budget_is_shared_by_the_gateways_connections() -> None:
+    budget = TransactionBudget(100)
+    one, two = new_session(budget=budget, conn=1), new_session(budget=budget, conn=2)
+    for session in (one, two):
+        session.on_frame(frame("CONNECT", accept_version="1.2"), NOW)
+        session.on_frame(frame("BEGIN", transaction="tx"), NOW)
+        frames(session)
+    one.on_frame(frame("SEND", b"x" * 60, destination="/queue/a", transaction="tx"), NOW)
+    two.on_frame(frame("SEND", b"x" * 41, destination="/queue/a", transaction="tx", receipt="r"), 0)
+
+    error = error_of(two)
+    assert "max_uncommitted_bytes 100" in error.headers["message"]
+    assert b"'tx' would hold 101 bytes" in error.body
+    assert error.headers["receipt-id"] == "r"
+    assert budget.used == 60
+    two.close_records()
+    assert budget.used == 60
+    one.close_records()
+    assert budget.used == 0
+
+
+def test_max_open_transactions_per_connection_is_enforced() -> None:
+    config = Config().replace("transactions", max_open_per_connection=2)
+    session = connected(config=config)
+    session.on_frame(frame("BEGIN", transaction="a"), NOW)
+    session.on_frame(frame("BEGIN", transaction="b"), NOW)
+    session.on_frame(frame("BEGIN", transaction="c"), NOW)
+    assert "max_open_per_connection 2" in error_of(session).headers["message"]
+
+
+def test_begin_of_an_open_transaction_is_an_error() -> None:
+    session = connected()
+    session.on_frame(frame("BEGIN", transaction="a"), NOW)
+    session.on_frame(frame("BEGIN", transaction="a"), NOW)
+    assert error_of(session).headers["message"] == "transaction 'a' is already open"
+
+
+@pytest.mark.parametrize("command", ["COMMIT", "ABORT"])
+def test_commit_or_abort_of_an_unknown_transaction_is_an_error(command: str) -> None:
+    session = connected()
+    session.on_frame(frame(command, transaction="nope", receipt="r"), NOW)
+    error = error_of(session)
+    assert error.headers["message"] == "no open transaction 'nope'"
+    assert error.headers["receipt-id"] == "r"
+
+
+@pytest.mark.parametrize("command", ["BEGIN", "COMMIT", "ABORT"])
+def test_transaction_frames_need_a_transaction_header(command: str) -> None:
+    session = connected()
+    session.on_frame(frame(command), NOW)
+    assert error_of(session).headers["message"] == f"{command} needs a transaction header"
+
+
+def test_send_in_an_unknown_transaction_is_an_error() -> None:
+    session = connected()
+    session.on_frame(frame("SEND", destination="/queue/q", transaction="nope"), NOW)
+    assert error_of(session).headers["message"] == "no open transaction 'nope'"
+    assert session.routes == []
+
+
+def test_transacted_acks_are_held_until_commit() -> None:
+    session = connected()
+    sub = subscribed(session)
+    session.on_frame(frame("BEGIN", transaction="tx"), NOW)
+    session.on_frame(frame("ACK", id=f"{sub.sub}/m1", transaction="tx"), NOW)
+    assert session.routes == []
+    session.on_frame(frame("COMMIT", transaction="tx"), NOW)
+    assert routes(session) == [(TOPOLOGY.owner("/queue/q"), Ack(CONN, sub.sub, "m1", ""))]
+
+
+def test_commit_receipt_waits_for_every_pipeline_the_transaction_touched() -> None:
+    session = connected()
+    session.on_frame(frame("BEGIN", transaction="tx"), NOW)
+    for destination in ("/queue/a", "/topic/b"):
+        session.on_frame(frame("SEND", destination=destination, transaction="tx"), NOW)
+    session.on_frame(frame("COMMIT", transaction="tx", receipt="done"), NOW)
+    barriers = [(p, r) for p, r in routes(session) if isinstance(r, Barrier)]
+    pipelines = sorted({TOPOLOGY.owner("/queue/a"), TOPOLOGY.owner("/topic/b")})
+    assert [p for p, _ in barriers] == pipelines
+    token = barriers[0][1].token
+    assert all(r == Barrier(CONN, token) for _, r in barriers)
+
+    session.barrier_done(token, pipelines[0])
+    assert frames(session) == []
+    session.barrier_done(token, pipelines[1])
+    [receipt] = frames(session)
+    assert (receipt.command, receipt.headers) == ("RECEIPT", {"receipt-id": "done"})
+    assert not session.closing
+
+
+def test_commit_of_an_empty_transaction_answers_the_receipt_at_once() -> None:
+    session = connected()
+    session.on_frame(frame("BEGIN", transaction="tx"), NOW)
+    session.on_frame(frame("COMMIT", transaction="tx", receipt="r"), NOW)
+    assert [f.headers.get("receipt-id") for f in frames(session)] == ["r"]
+    assert session.routes == []
+
+
+# -- DISCONNECT ------------------------------------------------------------------------------
+
+
+def test_disconnect_without_receipt_closes_at_once() -> None:
+    session = connected()
+    session.on_frame(frame("DISCONNECT"), NOW)
+    assert session.closing
+    assert frames(session) == []
+
+
+def test_disconnect_receipt_before_any_traffic_is_immediate() -> None:
+    session = connected()
+    session.on_frame(frame("DISCONNECT", receipt="bye"), NOW)
+    [receipt] = frames(session)
+    assert receipt.headers == {"receipt-id": "bye"}
+    assert session.closing
+
+
+def test_disconnect_receipt_waits_for_every_touched_pipeline() -> None:
+    session = connected()
+    subscribed(session, "s", "/topic/t")
+    session.on_frame(frame("SEND", destination="/queue/a"), NOW)
+    session.on_frame(frame("SEND", destination="/queue/b"), NOW)
+    touched = sorted(session.touched)
+    routes(session)
+
+    session.on_frame(frame("DISCONNECT", receipt="bye"), NOW)
+
+    barriers = routes(session)
+    assert [p for p, _ in barriers] == touched
+    [token] = {r.token for _, r in barriers if isinstance(r, Barrier)}
+    assert session.disconnecting
+    assert not session.closing
+    for pipeline in touched[:-1]:
+        session.barrier_done(token, pipeline)
+        session.barrier_done(token, pipeline)  # a repeat answer counts once
+    assert frames(session) == []
+    assert not session.closing
+    session.barrier_done(token + 1, touched[-1])  # another token
+    assert frames(session) == []
+    session.barrier_done(token, touched[-1])
+    assert frames(session)[0].headers == {"receipt-id": "bye"}
+    assert session.closing
+
+
+def test_frames_after_disconnect_are_ignored() -> None:
+    session = connected()
+    session.on_frame(frame("SEND", destination="/queue/a"), NOW)
+    routes(session)
+    session.on_frame(frame("DISCONNECT", receipt="bye"), NOW)
+    routes(session)
+    session.on_frame(frame("SEND", destination="/queue/a"), NOW)
+    assert session.routes == []
+
+
+def test_disconnect_aborts_open_transactions() -> None:
+    budget = TransactionBudget(100)
+    session = new_session(budget=budget)
+    session.on_frame(frame("CONNECT", accept_version="1.2"), NOW)
+    session.on_frame(frame("BEGIN", transaction="tx"), NOW)
+    session.on_frame(frame("SEND", b"x" * 10, destination="/queue/a", transaction="tx"), NOW)
+    session.on_frame(frame("DISCONNECT"), NOW)
+    assert budget.used == 0
+    assert session.routes == []
+    assert session.close_records() == []  # nothing was ever routed
+
+
+# -- pipeline side ---------------------------------------------------------------------------
+
+
+def test_resubscribe_registers_again_what_a_restarted_pipeline_owned() -> None:
+    session = connected()
+    queue_sub = subscribed(session, "q", "/queue/q", ack="client")
+    subscribed(session, "t", "/topic/t")
+    pipeline = TOPOLOGY.owner("/queue/q")
+    session.resubscribe(pipeline)
+    assert routes(session) == [
+        (pipeline, Subscribe(CONN, queue_sub.sub, "q", "/queue/q", ACK_CLIENT, 1000)),
+    ]
+
+
+def test_resubscribe_repeats_barriers_still_waiting_on_that_pipeline() -> None:
+    session = connected()
+    session.on_frame(frame("SEND", destination="/queue/q"), NOW)
+    session.on_frame(frame("DISCONNECT", receipt="bye"), NOW)
+    [(pipeline, barrier)] = [(p, r) for p, r in routes(session) if isinstance(r, Barrier)]
+    session.resubscribe(pipeline)
+    assert routes(session) == [(pipeline, barrier)]
+    session.resubscribe(pipeline + 1)
+    assert routes(session) == []
+
+
+def test_close_records_tell_every_touched_pipeline_in_order() -> None:
+    session = connected()
+    for destination in ("/topic/t", "/queue/a", "/queue/b"):
+        session.on_frame(frame("SEND", destination=destination), NOW)
+    expected = sorted(TOPOLOGY.owner(d) for d in ("/topic/t", "/queue/a", "/queue/b"))
+    assert session.close_records() == [(p, ConnClosed(CONN)) for p in sorted(set(expected))]
+
+
+def test_a_refused_record_becomes_an_error_with_its_receipt() -> None:
+    session = connected()
+    session.refused(Refuse(CONN, "ResourceAllocation: /queue/q full", "drain it", "r5"))
+    error = error_of(session)
+    assert error.headers == {
+        "message": "ResourceAllocation: /queue/q full",
+        "receipt-id": "r5",
+        "content-type": "text/plain",
+        "content-length": "9",
+    }
+    assert error.body == b"drain it\n"
+
+
+def test_receipts_from_pipelines_become_receipt_frames_until_closing() -> None:
+    session = connected()
+    session.receipt("r1")
+    assert frames(session)[0].headers == {"receipt-id": "r1"}
+    session.fail("gone")
+    frames(session)
+    session.receipt("r2")
+    assert session.out == []
+
+
+def test_fail_writes_one_error_and_closes() -> None:
+    session = connected()
+    session.fail("first")
+    session.fail("second")
+    [error] = frames(session)
+    assert error.headers == {"message": "first"}
+    assert error.body == b""
+    assert session.closing
+
+
+# -- regressions -----------------------------------------------------------------------------
+
+
+def test_a_transacted_send_is_receipted_once() -> None:
+    session = connected()
+    session.on_frame(frame("BEGIN", transaction="tx"), NOW)
+    session.on_frame(frame("SEND", destination="/queue/a", transaction="tx", receipt="r"), NOW)
+    assert [f.headers["receipt-id"] for f in frames(session)] == ["r"]
+    session.on_frame(frame("COMMIT", transaction="tx"), NOW)
+    [(_, record)] = routes(session)
+    assert isinstance(record, Send) and record.receipt == ""
+
+
+def test_ack_id_with_a_non_ascii_digit_handle_is_an_error_frame() -> None:
+    session = connected("1.2")
+    subscribed(session)
+    session.on_frame(frame("ACK", id="\u00b2/m1", receipt="r"), NOW)
+    assert "matches no message" in error_of(session).headers["message"]
+
+
+def test_transaction_budget_counts_header_bytes_too() -> None:
+    budget = TransactionBudget(100)
+    session = new_session(budget=budget)
+    session.on_frame(frame("CONNECT", accept_version="1.2"), NOW)
+    session.on_frame(frame("BEGIN", transaction="tx"), NOW)
+    frames(session)
+    for _ in range(10):
+        session.on_frame(
+            frame("SEND", destination="/queue/a", transaction="tx", big="x" * 500), NOW
+        )
+    assert "max_uncommitted_bytes 100" in error_of(session).headers["message"]
+
+
+def test_unsubscribe_credits_auto_deliveries_still_to_be_written_first() -> None:
+    session = connected()
+    sub = subscribed(session, "s", "/queue/q", ack="auto")
+    assert session.deliver(sub.sub, make_message("m1"))
+    session.on_frame(frame("UNSUBSCRIBE", id="s"), NOW)
+    kinds = [record for _, record in routes(session)]
+    assert isinstance(kinds[0], Credit) and kinds[0].subs == [(sub.sub, 1)]
+    assert isinstance(kinds[1], Unsubscribe)
+    assert session.take_credits() == []
+
+
+def test_discarded_unwritten_deliveries_are_not_credited() -> None:
+    session = connected()
+    sub = subscribed(session, "s", "/queue/q", ack="auto")
+    assert session.deliver(sub.sub, make_message("m1"))
+    session.discard_unwritten()
+    assert session.out == [] and session.take_credits() == []
+
+
+def test_version_error_lists_the_supported_versions_in_a_version_header() -> None:
+    session = new_session()
+    session.on_frame(frame("CONNECT", accept_version="2.0"), NOW)
+    assert error_of(session).headers.get("version") == "1.0,1.1,1.2"
+
+
+@pytest.mark.parametrize("forged", ["ack", "redelivered", "message-id", "subscription"])
+def test_a_producer_cannot_forge_broker_headers(forged: str) -> None:
+    session = connected()
+    session.on_frame(frame("SEND", destination="/queue/a", **{forged: "forged"}), NOW)
+    [(_, record)] = routes(session)
+    assert isinstance(record, Send) and forged not in record.message.headers
