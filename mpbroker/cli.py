@@ -112,6 +112,9 @@ def build_parser() -> argparse.ArgumentParser:
     config_commands.required = True
     _add_broker_options(add("show", cmd_config_show, config_commands))
 
+    from bench.cli import add_arguments
+
+    add_arguments(add("bench", cmd_bench))
     return parser
 
 

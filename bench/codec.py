@@ -1,6 +1,6 @@
 """Throughput of the STOMP codec (a measurement script, not a test).
 
-Run: .venv/bin/python tests/stomp/bench_codec.py
+Run: .venv/bin/python -m bench.codec
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Throughput of a ring between two processes (a measurement script, not a test).
 
-    .venv/bin/python -m tests.shm.bench_ring [records] [capacity]
+    .venv/bin/python -m bench.ring [records] [capacity]
 
 Writer process -> reader process, 100-byte payloads, with 1 record per publish (try_put) and
 with 64 records per publish (stage x64, publish); the reader takes one record per read_batch

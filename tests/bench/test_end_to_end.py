@@ -1,0 +1,129 @@
+"""The bench command end to end: real processes, a real broker or the baseline server.
+
+Small counts keep these fast; they check that every message arrived and that every process
+the bench started is gone afterwards (for the broker: its shared-memory segments too). No
+assertion looks at speed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+from typing import Any
+
+import pytest
+
+from bench.servers import ServerProcess
+from mpbroker.shm import SHM_DIR
+
+from .conftest import gone
+
+# Generous bound for one bench invocation; a hang fails the test instead of hanging it.
+RUN_TIMEOUT_S = 120
+
+
+def _bench(*argv: str) -> tuple[int, str, str]:
+    # A session of its own, so that if the bench hangs, killing its process group also
+    # ends the broker and the workers it started.
+    process = subprocess.Popen(
+        [sys.executable, "-m", "bench", *argv],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        out, err = process.communicate(timeout=RUN_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        out, err = process.communicate()
+        pytest.fail(f"bench did not finish within {RUN_TIMEOUT_S} s:\n{out}\n{err}")
+    return process.returncode, out, err
+
+
+def _bench_json(*argv: str) -> tuple[int, dict[str, Any], str]:
+    code, out, err = _bench("--json", *argv)
+    lines = out.strip().splitlines()
+    assert lines, f"no output; stderr:\n{err}"
+    return code, json.loads(lines[-1]), err
+
+
+def _segments_of(pid: int) -> list[str]:
+    prefixes = (f"mpb.{pid}.", f"sem.mpb.{pid}.")
+    return sorted(name for name in os.listdir(SHM_DIR) if name.startswith(prefixes))
+
+
+def _assert_broker_cleaned_up(run: dict[str, Any]) -> None:
+    pid = run["server_pid"]
+    assert isinstance(pid, int)
+    assert gone(pid), f"broker pid {pid} still runs"
+    assert _segments_of(pid) == []
+
+
+@pytest.mark.parametrize(
+    ("argv", "expected"),
+    [
+        (["--consumers", "2"], 2000),
+        (["--destination", "/topic/bench", "--consumers", "2"], 4000),
+        (["--ack", "client", "--prefetch", "100", "--baseline"], 2000),
+    ],
+    ids=["queue-1-2", "topic-1-2", "queue-client-ack-with-baseline"],
+)
+def test_against_a_broker_it_starts(argv: list[str], expected: int) -> None:
+    code, report, err = _bench_json("--count", "2000", "--gateways", "1", *argv)
+    assert code == 0, err
+    assert report["ok"]
+    if "--baseline" in argv:
+        baseline, run = report["runs"]
+        assert baseline["server"] == "baseline" and baseline["all_arrived"]
+        assert gone(baseline["server_pid"])
+        assert set(report["ratios"]["mpbroker"]) == {"sent", "received", "total"}
+    else:
+        (run,) = report["runs"]
+    assert run["server"] == "mpbroker"
+    assert run["all_arrived"] and run["ok"], run
+    assert (run["sent"], run["received"], run["expected"]) == (2000, expected, expected)
+    assert (run["missing"], run["duplicated"]) == (0, 0)
+    _assert_broker_cleaned_up(run)
+
+
+def test_against_the_baseline_server(baseline: ServerProcess) -> None:
+    code, out, err = _bench(
+        "--port",
+        str(baseline.port),
+        "--count",
+        "2000",
+        "--producers",
+        "2",
+        "--consumers",
+        "2",
+        "--ack",
+        "client-individual",
+        "--repeat",
+        "2",
+    )
+    assert code == 0, err
+    assert out.count("ok: all 4000 deliveries arrived exactly once") == 2
+    assert "recv/s" in out  # the table
+    assert "median of 2 runs" in out
+
+
+def test_an_error_frame_fails_the_run_with_its_message(baseline: ServerProcess) -> None:
+    # The baseline's parser refuses frames over 1 MiB with an ERROR frame.
+    code, out, err = _bench("--port", str(baseline.port), "--count", "2", "--size", "2000000")
+    assert code == 1, out + err
+    assert "FAILED" in out
+    assert "max_frame_bytes" in out or "exceeds" in out or "too large" in out.lower(), out
+
+
+def test_a_silent_server_aborts_instead_of_hanging() -> None:
+    with socket.create_server(("127.0.0.1", 0)) as listener:
+        port = listener.getsockname()[1]
+        code, out, err = _bench("--port", str(port), "--count", "10", "--timeout", "1")
+    assert code == 1, err
+    assert "aborted" in out
+    assert "CONNECTED" in out  # what it was waiting for
