@@ -189,8 +189,9 @@ def test_kill_9_of_the_whole_broker_next_start_sweeps(start_broker: type[BrokerP
         not psutil.pid_exists(dead.pid) or psutil.Process(dead.pid).status() == psutil.STATUS_ZOMBIE
     )
     fresh = start_broker("--gateways", "1")
+    # (Its log says "removed N shared-memory entries of dead broker instances", unless
+    # another broker started meanwhile on this machine got there first.)
     assert dead.shm_entries() == []
-    fresh.wait_for_log(r"removed \d+ shared-memory entries of dead broker instances")
     assert fresh.stop() == 0
 
 
