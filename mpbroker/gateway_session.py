@@ -40,6 +40,7 @@ from mpbroker.stomp import (
     SUPPORTED_VERSIONS,
     Frame,
     encode_frame,
+    escape_header_value,
     negotiate_heartbeat,
     negotiate_version,
     parse_heartbeat,
@@ -102,6 +103,32 @@ class _Subscription:
     pipeline: int
     ack_mode: int
     prefetch: int
+    # b"MESSAGE\nsubscription:<id>\n", escaped for the connection's version.
+    message_prefix: bytes
+
+
+_MESSAGE_LINE = b"MESSAGE\n"
+
+
+def _message_tail(message: Message, version: str) -> memoryview:
+    """A MESSAGE frame for `message` without its command line: the broker's headers, the
+    sender's headers, the body. Prefixed per subscriber (see GatewaySession.deliver)."""
+    headers = {"message-id": message.message_id, "destination": message.destination}
+    if message.redelivered:
+        headers["redelivered"] = "true"
+    for key, value in message.headers.items():
+        if key not in headers:
+            headers[key] = value
+    frame = Frame("MESSAGE", headers, message.body)
+    try:
+        data = encode_frame(frame, version)
+    except ValueError:
+        # A 1.2 producer's header holds a CR/LF that a 1.0/1.1 consumer's frame cannot
+        # carry (those versions cannot escape it): blank the line breaks rather than let
+        # the header spill into others.
+        frame.headers = {k: _LINE_BREAKS.sub(" ", v) for k, v in headers.items()}
+        data = encode_frame(frame, version)
+    return memoryview(data)[len(_MESSAGE_LINE) :]
 
 
 @dataclass(eq=False, slots=True)
@@ -139,7 +166,7 @@ class GatewaySession:
         # (send_every_ms, expect_every_ms), 0 = off; set by CONNECT.
         self.heartbeat = (0, 0)
         self.client_id = ""
-        self.out: list[bytes] = []
+        self.out: list[bytes | memoryview] = []
         self.routes: list[tuple[int, Record]] = []
         self.closing = False
         # DISCONNECT seen: no more frames are read, the connection closes after its receipt.
@@ -268,8 +295,18 @@ class GatewaySession:
         kind, _ = parse_destination(destination)
         default = self.config.queues.prefetch if kind == "queue" else self.config.topics.prefetch
         prefetch = self._int_header(frame, "activemq.prefetchSize", default, minimum=1)
+        prefix = (
+            _MESSAGE_LINE
+            + b"subscription:%s\n" % escape_header_value(sub_id, self.version).encode()
+        )
         sub = _Subscription(
-            next(self._handles), sub_id, destination, pipeline, ACK_MODES[ack_name], prefetch
+            next(self._handles),
+            sub_id,
+            destination,
+            pipeline,
+            ACK_MODES[ack_name],
+            prefetch,
+            prefix,
         )
         self.subs_by_id[sub_id] = sub
         self.subs[sub.handle] = sub
@@ -390,37 +427,32 @@ class GatewaySession:
 
     # -- records from pipelines ----------------------------------------------------------
 
-    def deliver(self, sub_handle: int, message: Message) -> bool:
-        """Append a MESSAGE frame for one delivery; False if the subscription is gone."""
+    def deliver(
+        self, sub_handle: int, message: Message, shared: dict[str, memoryview] | None = None
+    ) -> bool:
+        """Append a MESSAGE frame for one delivery; False if the subscription is gone.
+
+        Everything but the `subscription` and `ack` lines is the same for every subscriber
+        of a topic: it is encoded once per protocol version into `shared` (one dict per
+        delivered message) and reused, so a fan-out does not re-encode the body each time.
+        """
         sub = self.subs.get(sub_handle)
         if sub is None or self.closing:
             return False
-        headers = {
-            "subscription": sub.sub_id,
-            "message-id": message.message_id,
-            "destination": message.destination,
-        }
-        if sub.ack_mode != ACK_AUTO:
-            # "<handle>/<message-id>": the handle routes the ACK to the right pipeline
-            # without keeping per-message state in the gateway.
-            headers["ack"] = f"{sub.handle}/{message.message_id}"
-        if message.redelivered:
-            headers["redelivered"] = "true"
-        for key, value in message.headers.items():
-            if key not in headers:
-                headers[key] = value
-        frame = Frame("MESSAGE", headers, message.body)
-        try:
-            data = encode_frame(frame, self.version)
-        except ValueError:
-            # A 1.2 producer's header holds a CR/LF that a 1.0/1.1 consumer's frame
-            # cannot carry (those versions cannot escape it): blank the line breaks
-            # rather than let the header spill into others.
-            frame.headers = {k: _LINE_BREAKS.sub(" ", v) for k, v in headers.items()}
-            data = encode_frame(frame, self.version)
-        self.out.append(data)
+        if shared is None:
+            shared = {}
+        tail = shared.get(self.version)
+        if tail is None:
+            tail = shared[self.version] = _message_tail(message, self.version)
+        out = self.out
+        out.append(sub.message_prefix)
         if sub.ack_mode == ACK_AUTO:
-            self.auto_delivered[sub.handle] = self.auto_delivered.get(sub.handle, 0) + 1
+            self.auto_delivered[sub_handle] = self.auto_delivered.get(sub_handle, 0) + 1
+        else:
+            # "<handle>/<message-id>": the handle routes the ACK to the right pipeline
+            # without keeping per-message state in the gateway. Our ids need no escaping.
+            out.append(f"ack:{sub_handle}/{message.message_id}\n".encode())
+        out.append(tail)
         return True
 
     def receipt(self, receipt: str) -> None:

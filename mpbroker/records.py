@@ -63,11 +63,14 @@ class Message(msgspec.Struct, array_like=True, gc=False):
     priority: int = 4
     expires_ms: int = 0
     redelivered: bool = False
+    # message_size(), set once by the owning pipeline so limits need not recompute it.
+    size: int = 0
 
 
 def message_size(message: Message) -> int:
     """Bytes a message is charged for in limits: body plus header text."""
-    return len(message.body) + sum(len(k) + len(v) for k, v in message.headers.items())
+    headers = message.headers
+    return len(message.body) + sum(map(len, headers)) + sum(map(len, headers.values()))
 
 
 class Hello(msgspec.Struct, array_like=True, gc=False):

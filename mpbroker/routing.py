@@ -7,6 +7,7 @@ with P p2p and T pubsub workers, p2p i is pipeline i and pubsub j is pipeline P 
 
 from __future__ import annotations
 
+import functools
 import zlib
 from dataclasses import dataclass
 from typing import Literal
@@ -42,6 +43,15 @@ def parse_destination(destination: str) -> tuple[DestinationKind, str]:
     return kind, name
 
 
+@functools.lru_cache(maxsize=65536)
+def _owner(p2p: int, pubsub: int, destination: str) -> int:
+    kind, name = parse_destination(destination)
+    digest = zlib.crc32(name.encode())
+    if kind == "queue":
+        return digest % p2p
+    return p2p + digest % pubsub
+
+
 @dataclass(frozen=True, slots=True)
 class Topology:
     p2p: int
@@ -53,11 +63,8 @@ class Topology:
 
     def owner(self, destination: str) -> int:
         """Index of the pipeline that owns `destination` (UnknownDestination if invalid)."""
-        kind, name = parse_destination(destination)
-        digest = zlib.crc32(name.encode())
-        if kind == "queue":
-            return digest % self.p2p
-        return self.p2p + digest % self.pubsub
+        # Every SEND asks this: remember the answer for the destinations in use.
+        return _owner(self.p2p, self.pubsub, destination)
 
     def role(self, pipeline: int) -> tuple[str, int]:
         """('p2p', i) or ('pubsub', j) for a pipeline index."""

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import itertools
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -72,7 +73,9 @@ class Consumer:
         """Auto mode: the oldest `count` deliveries were written; returns those messages."""
         if self.ack_mode != ACK_AUTO:
             return []
-        done: list[Message] = []
-        while len(done) < count and self.unacked:
-            done.append(self.unacked.pop(next(iter(self.unacked))))
-        return done
+        unacked = self.unacked
+        if count >= len(unacked):
+            done = list(unacked.values())
+            unacked.clear()
+            return done
+        return [unacked.pop(key) for key in list(itertools.islice(unacked, count))]

@@ -105,7 +105,7 @@ class QueueEngine:
     def _send(self, gateway: int, record: Send) -> None:
         message = record.message
         queue = self.queues.get(message.destination)
-        size = message_size(message)
+        size = message.size = message_size(message)
         limit = self._refusal(queue.held_messages if queue else 0, size)
         if limit:
             self.outbox.add(
@@ -200,7 +200,7 @@ class QueueEngine:
 
     def _forget(self, queue: _Queue, messages: list[Message]) -> None:
         queue.held_messages -= len(messages)
-        self.held_bytes -= sum(message_size(m) for m in messages)
+        self.held_bytes -= sum(m.size for m in messages)
 
     def _dispatch(self, queue: _Queue) -> None:
         """Hand pending messages to ready consumers, round robin."""

@@ -174,9 +174,10 @@ class Gateway:
     ) -> None:
         match record:
             case records.Deliver(targets=targets, message=message):
+                shared: dict[str, memoryview] = {}
                 for conn_id, sub in targets:
                     conn = self.connections.get(conn_id)
-                    if conn is not None and conn.session.deliver(sub, message):
+                    if conn is not None and conn.session.deliver(sub, message, shared):
                         touched.add(conn)
             case records.Receipt(conn=conn_id, receipt=receipt):
                 conn = self.connections.get(conn_id)

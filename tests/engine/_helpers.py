@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TypeVar
 
-from mpbroker.records import Deliver, Message, Record, Send
+from mpbroker.records import Deliver, Message, Record, Send, message_size
 
 T = TypeVar("T")
 
@@ -15,7 +15,10 @@ def make_message(
     body: bytes = b"body",
     headers: dict[str, str] | None = None,
 ) -> Message:
-    return Message(message_id, destination, dict(headers or {}), body, 1_000)
+    message = Message(message_id, destination, dict(headers or {}), body, 1_000)
+    # As the owning pipeline sets it on arrival, so delivered copies compare equal.
+    message.size = message_size(message)
+    return message
 
 
 def send(
