@@ -72,12 +72,12 @@ _ARTICLE = {"id": "an"}
 
 
 class SessionError(Exception):
-    """Something the client did wrong: becomes an ERROR frame, then the connection closes."""
+    """Something the client did wrong: becomes an ERROR frame (answering the frame's
+    receipt, if it asked for one), then the connection closes."""
 
-    def __init__(self, message: str, detail: str = "", receipt: str = "") -> None:
+    def __init__(self, message: str, detail: str = "") -> None:
         self.message = message
         self.detail = detail
-        self.receipt = receipt
         super().__init__(message)
 
 
@@ -199,7 +199,7 @@ class GatewaySession:
             self._dispatch(frame, now_ms)
         except SessionError as exc:
             # The ERROR answers the frame's receipt, so a client waiting on it wakes up.
-            self.fail(exc.message, exc.detail, exc.receipt or frame.headers.get("receipt", ""))
+            self.fail(exc.message, exc.detail, frame.headers.get("receipt", ""))
 
     def _dispatch(self, frame: Frame, now_ms: int) -> None:
         command = frame.command
@@ -244,7 +244,7 @@ class GatewaySession:
     def _send(self, frame: Frame, now_ms: int) -> None:
         headers = frame.headers
         destination = self._required(frame, "destination")
-        pipeline = self._owner(destination, headers.get("receipt", ""))
+        pipeline = self._owner(destination)
         user_headers = {k: v for k, v in headers.items() if k not in _SEND_CONTROL_HEADERS}
         message = Message(
             next(self.message_ids),
@@ -264,7 +264,6 @@ class GatewaySession:
             raise SessionError(
                 f"ResourceAllocation: transactions max_uncommitted_bytes {budget.limit} reached",
                 f"transaction {tx.name!r} would hold {budget.used + size} bytes on this gateway",
-                headers.get("receipt", ""),
             )
         budget.used += size
         tx.held_bytes += size
@@ -280,17 +279,16 @@ class GatewaySession:
         sub_id = headers.get("id")
         if sub_id is None:
             if self.version == "1.2":
-                raise SessionError("SUBSCRIBE needs an id header", receipt=receipt)
+                raise SessionError("SUBSCRIBE needs an id header")
             sub_id = destination  # 1.0/1.1 allowed omitting it; the destination stands in.
         if sub_id in self.subs_by_id:
-            raise SessionError(f"subscription id {sub_id!r} is already in use", receipt=receipt)
-        pipeline = self._owner(destination, receipt)
+            raise SessionError(f"subscription id {sub_id!r} is already in use")
+        pipeline = self._owner(destination)
         ack_name = headers.get("ack", "auto")
         if ack_name not in ACK_MODES:
             raise SessionError(
                 f"unknown ack mode {ack_name!r}",
                 "allowed: auto, client, client-individual",
-                receipt,
             )
         kind, _ = parse_destination(destination)
         default = self.config.queues.prefetch if kind == "queue" else self.config.topics.prefetch
@@ -319,10 +317,10 @@ class GatewaySession:
         receipt = frame.headers.get("receipt", "")
         sub_id = frame.headers.get("id") or frame.headers.get("destination")
         if sub_id is None:
-            raise SessionError("UNSUBSCRIBE needs an id header", receipt=receipt)
+            raise SessionError("UNSUBSCRIBE needs an id header")
         sub = self.subs_by_id.pop(sub_id, None)
         if sub is None:
-            raise SessionError(f"no subscription with id {sub_id!r}", receipt=receipt)
+            raise SessionError(f"no subscription with id {sub_id!r}")
         del self.subs[sub.handle]
         # MESSAGE frames of this subscription already in `out` will be written: credit
         # them first, or the pipeline would requeue them on Unsubscribe and deliver them
@@ -350,7 +348,6 @@ class GatewaySession:
                 raise SessionError(
                     f"{frame.command} id {ack_id!r} matches no message delivered to this "
                     "connection's subscriptions",
-                    receipt=receipt,
                 )
         else:
             message_id = self._required(frame, "message-id")
@@ -363,10 +360,9 @@ class GatewaySession:
                 raise SessionError(
                     f"{frame.command} needs a subscription header "
                     f"(this connection has {len(self.subs)} subscriptions)",
-                    receipt=receipt,
                 )
             if found is None:
-                raise SessionError(f"no subscription with id {sub_id!r}", receipt=receipt)
+                raise SessionError(f"no subscription with id {sub_id!r}")
             sub = found
         tx = self._transaction_of(frame)
         kind = Nack if nack else Ack
@@ -554,17 +550,14 @@ class GatewaySession:
         value = frame.headers.get(name)
         if not value:
             article = _ARTICLE.get(name, "a")
-            raise SessionError(
-                f"{frame.command} needs {article} {name} header",
-                receipt=frame.headers.get("receipt", ""),
-            )
+            raise SessionError(f"{frame.command} needs {article} {name} header")
         return value
 
-    def _owner(self, destination: str, receipt: str) -> int:
+    def _owner(self, destination: str) -> int:
         try:
             return self.topology.owner(destination)
         except UnknownDestination as exc:
-            raise SessionError(str(exc), receipt=receipt) from None
+            raise SessionError(str(exc)) from None
 
     def _int_header(self, frame: Frame, name: str, default: int, *, minimum: int) -> int:
         text = frame.headers.get(name)
@@ -573,10 +566,7 @@ class GatewaySession:
         # Plain ASCII digits only: int() would also take " 5", "1_0" and other digits.
         value = int(text) if text.isascii() and text.isdigit() and len(text) < 19 else -1
         if value < minimum:
-            raise SessionError(
-                f"header {name}:{text!r} must be an integer >= {minimum}",
-                receipt=frame.headers.get("receipt", ""),
-            )
+            raise SessionError(f"header {name}:{text!r} must be an integer >= {minimum}")
         return value
 
     def _transaction_of(self, frame: Frame) -> _Transaction | None:
@@ -585,18 +575,14 @@ class GatewaySession:
             return None
         tx = self.transactions.get(name)
         if tx is None:
-            raise SessionError(
-                f"no open transaction {name!r}", receipt=frame.headers.get("receipt", "")
-            )
+            raise SessionError(f"no open transaction {name!r}")
         return tx
 
     def _pop_transaction(self, frame: Frame) -> _Transaction:
         name = self._required(frame, "transaction")
         tx = self.transactions.pop(name, None)
         if tx is None:
-            raise SessionError(
-                f"no open transaction {name!r}", receipt=frame.headers.get("receipt", "")
-            )
+            raise SessionError(f"no open transaction {name!r}")
         self.tx_budget.used -= tx.held_bytes
         return tx
 
