@@ -4,8 +4,8 @@ No rings, no sockets, no clocks: an engine takes records from gateways and appen
 records it wants sent to an `Outbox`; the worker process wires that to rings.
 """
 
-from ._common import Consumer, ConsumerKey, Outbox
+from ._common import Consumer, ConsumerKey, Engine, Outbox
 from ._queue import QueueEngine
 from ._topic import TopicEngine
 
-__all__ = ["Consumer", "ConsumerKey", "Outbox", "QueueEngine", "TopicEngine"]
+__all__ = ["Consumer", "ConsumerKey", "Engine", "Outbox", "QueueEngine", "TopicEngine"]

@@ -1,10 +1,28 @@
 from __future__ import annotations
 
 import itertools
+from abc import ABC, abstractmethod
 from collections import deque
 from dataclasses import dataclass, field
+from typing import ClassVar
 
-from mpbroker.records import ACK_AUTO, ACK_CLIENT, Message, Record
+from mpbroker.records import (
+    ACK_AUTO,
+    ACK_CLIENT,
+    Ack,
+    Barrier,
+    BarrierDone,
+    ConnClosed,
+    Credit,
+    Hello,
+    Message,
+    Nack,
+    Receipt,
+    Record,
+    Send,
+    Subscribe,
+    Unsubscribe,
+)
 
 # (gateway index, connection id, subscription handle): unique across the broker.
 ConsumerKey = tuple[int, int, int]
@@ -79,3 +97,90 @@ class Consumer:
             unacked.clear()
             return done
         return [unacked.pop(key) for key in list(itertools.islice(unacked, count))]
+
+
+class Engine(ABC):
+    """What every pipeline engine does with consumers, acks, receipts and barriers.
+
+    Subclasses say what a message, a settlement and a departing consumer mean for their
+    kind of destination.
+    """
+
+    role: ClassVar[str]
+
+    def __init__(self, pipeline: int, outbox: Outbox) -> None:
+        self.pipeline = pipeline
+        self.outbox = outbox
+        self.consumers: dict[ConsumerKey, Consumer] = {}
+        self.delivered = 0
+        self.received = 0
+
+    def handle(self, gateway: int, record: Record) -> None:
+        match record:
+            case Send():
+                self._send(gateway, record)
+            case Ack() | Nack():
+                consumer = self.consumers.get((gateway, record.conn, record.sub))
+                if consumer is not None:
+                    settled = consumer.settle(record.message_id)
+                    if settled:
+                        self._settled(consumer, settled, nack=isinstance(record, Nack))
+                self._receipt(gateway, record.conn, record.receipt)
+            case Credit():
+                for sub, count in record.subs:
+                    consumer = self.consumers.get((gateway, record.conn, sub))
+                    if consumer is not None:
+                        written = consumer.credit(count)
+                        if written:
+                            self._settled(consumer, written, nack=False)
+            case Subscribe():
+                key = (gateway, record.conn, record.sub)
+                # Re-registration after a pipeline restart may repeat a Subscribe still in
+                # the ring: keep the consumer we have.
+                if key not in self.consumers:
+                    consumer = Consumer(
+                        key, record.sub_id, record.destination, record.ack_mode, record.prefetch
+                    )
+                    self.consumers[key] = consumer
+                    self._added(consumer)
+                self._receipt(gateway, record.conn, record.receipt)
+            case Unsubscribe():
+                self._remove([(gateway, record.conn, record.sub)], requeue_auto=True)
+                self._receipt(gateway, record.conn, record.receipt)
+            case ConnClosed():
+                keys = [k for k in self.consumers if k[0] == gateway and k[1] == record.conn]
+                self._remove(keys, requeue_auto=True)
+            case Hello():
+                # The gateway died: auto-mode deliveries it held may have reached a client,
+                # so they must not come back (at most once); client-mode ones do.
+                self._remove([k for k in self.consumers if k[0] == gateway], requeue_auto=False)
+            case Barrier():
+                self.outbox.add(gateway, BarrierDone(record.conn, record.token, self.pipeline))
+            case _:
+                raise ValueError(f"{self.role} pipeline cannot handle {type(record).__name__}")
+
+    def _remove(self, keys: list[ConsumerKey], *, requeue_auto: bool) -> None:
+        removed = [c for c in (self.consumers.pop(key, None) for key in keys) if c is not None]
+        if removed:
+            self._removed(removed, requeue_auto=requeue_auto)
+
+    def _receipt(self, gateway: int, conn: int, receipt: str) -> None:
+        if receipt:
+            self.outbox.add(gateway, Receipt(conn, receipt))
+
+    @abstractmethod
+    def _send(self, gateway: int, record: Send) -> None:
+        """A producer's message arrived."""
+
+    @abstractmethod
+    def _settled(self, consumer: Consumer, messages: list[Message], *, nack: bool) -> None:
+        """Messages left `consumer`'s window: acknowledged or written (nack=False), or
+        refused by the client (nack=True)."""
+
+    @abstractmethod
+    def _added(self, consumer: Consumer) -> None:
+        """A new consumer was registered."""
+
+    @abstractmethod
+    def _removed(self, consumers: list[Consumer], *, requeue_auto: bool) -> None:
+        """Consumers went away (already out of `self.consumers`), with their windows."""

@@ -10,25 +10,14 @@ import msgspec
 from mpbroker.config import QueueSettings
 from mpbroker.records import (
     ACK_AUTO,
-    Ack,
-    Barrier,
-    BarrierDone,
-    ConnClosed,
-    Credit,
     Deliver,
-    Hello,
     Message,
-    Nack,
-    Receipt,
-    Record,
     Refuse,
     Send,
-    Subscribe,
-    Unsubscribe,
     message_size,
 )
 
-from ._common import Consumer, ConsumerKey, Outbox
+from ._common import Consumer, Engine, Outbox
 
 
 @dataclass(eq=False)
@@ -45,7 +34,7 @@ def _redelivery(message: Message) -> Message:
     return msgspec.structs.replace(message, redelivered=True)
 
 
-class QueueEngine:
+class QueueEngine(Engine):
     """Owns the queues of one p2p partition: each message goes to exactly one consumer.
 
     Ready consumers (window not full) are served round robin. NACK, and a consumer that
@@ -53,52 +42,13 @@ class QueueEngine:
     with `redelivered` set, in their original order.
     """
 
+    role = "p2p"
+
     def __init__(self, settings: QueueSettings, pipeline: int, outbox: Outbox) -> None:
+        super().__init__(pipeline, outbox)
         self.settings = settings
-        self.pipeline = pipeline
-        self.outbox = outbox
         self.queues: dict[str, _Queue] = {}
-        self.consumers: dict[ConsumerKey, Consumer] = {}
         self.held_bytes = 0
-        self.delivered = 0
-        self.received = 0
-
-    # -- entry point ---------------------------------------------------------------------
-
-    def handle(self, gateway: int, record: Record) -> None:
-        match record:
-            case Send():
-                self._send(gateway, record)
-            case Ack():
-                self._settle(gateway, record.conn, record.sub, record.message_id, requeue=False)
-                self._receipt(gateway, record.conn, record.receipt)
-            case Nack():
-                self._settle(gateway, record.conn, record.sub, record.message_id, requeue=True)
-                self._receipt(gateway, record.conn, record.receipt)
-            case Credit():
-                for sub, count in record.subs:
-                    consumer = self.consumers.get((gateway, record.conn, sub))
-                    if consumer is not None:
-                        written = consumer.credit(count)
-                        if written:
-                            self._release(consumer, written)
-            case Subscribe():
-                self._subscribe(gateway, record)
-            case Unsubscribe():
-                self._remove_consumers([(gateway, record.conn, record.sub)], requeue_auto=True)
-                self._receipt(gateway, record.conn, record.receipt)
-            case ConnClosed():
-                keys = [k for k in self.consumers if k[0] == gateway and k[1] == record.conn]
-                self._remove_consumers(keys, requeue_auto=True)
-            case Hello():
-                # The gateway died: auto-mode deliveries it held may have reached a client,
-                # so only client-mode unsettled messages come back (at most once).
-                keys = [k for k in self.consumers if k[0] == gateway]
-                self._remove_consumers(keys, requeue_auto=False)
-            case Barrier():
-                self.outbox.add(gateway, BarrierDone(record.conn, record.token, self.pipeline))
-            case _:
-                raise ValueError(f"p2p pipeline cannot handle {type(record).__name__}")
 
     # -- producers -----------------------------------------------------------------------
 
@@ -138,35 +88,25 @@ class QueueEngine:
 
     # -- consumers -----------------------------------------------------------------------
 
-    def _subscribe(self, gateway: int, record: Subscribe) -> None:
-        key = (gateway, record.conn, record.sub)
-        # Re-registration after a pipeline restart may repeat a Subscribe still in the
-        # ring: keep the consumer we have.
-        if key not in self.consumers:
-            consumer = Consumer(
-                key, record.sub_id, record.destination, record.ack_mode, record.prefetch
-            )
-            self.consumers[key] = consumer
-            queue = self.queues.get(record.destination)
-            if queue is None:
-                queue = self.queues[record.destination] = _Queue(record.destination)
-            queue.consumers.append(consumer)
-            self._dispatch(queue)
-        self._receipt(gateway, record.conn, record.receipt)
+    def _added(self, consumer: Consumer) -> None:
+        queue = self.queues.get(consumer.destination)
+        if queue is None:
+            queue = self.queues[consumer.destination] = _Queue(consumer.destination)
+        queue.consumers.append(consumer)
+        self._dispatch(queue)
 
-    def _remove_consumers(self, keys: list[ConsumerKey], *, requeue_auto: bool) -> None:
-        """Remove consumers, then put their unsettled messages back, then dispatch.
+    def _removed(self, consumers: list[Consumer], *, requeue_auto: bool) -> None:
+        """Put the unsettled messages of departed consumers back, then dispatch.
 
-        All are removed before anything is dispatched, so that messages requeued from one
-        of them can never be handed to another that is going away too.
+        All are out of their queues before anything is dispatched, so messages requeued
+        from one can never be handed to another that is going away too.
         """
-        removed = [c for c in (self.consumers.pop(key, None) for key in keys) if c is not None]
         touched: dict[str, _Queue] = {}
-        for consumer in removed:
+        for consumer in consumers:
             queue = self.queues[consumer.destination]
             queue.consumers.remove(consumer)
             touched[queue.name] = queue
-        for consumer in removed:
+        for consumer in consumers:
             queue = touched[consumer.destination]
             unsettled = list(consumer.unacked.values())
             consumer.unacked.clear()
@@ -178,24 +118,13 @@ class QueueEngine:
             self._dispatch(queue)
             self._drop_if_idle(queue)
 
-    def _settle(self, gateway: int, conn: int, sub: int, message_id: str, *, requeue: bool) -> None:
-        consumer = self.consumers.get((gateway, conn, sub))
-        if consumer is None:
-            return
-        settled = consumer.settle(message_id)
-        if not settled:
-            return
+    def _settled(self, consumer: Consumer, messages: list[Message], *, nack: bool) -> None:
         queue = self.queues[consumer.destination]
-        if requeue:
-            queue.pending.extendleft(_redelivery(m) for m in reversed(settled))
-            self._dispatch(queue)
+        if nack:
+            queue.pending.extendleft(_redelivery(m) for m in reversed(messages))
         else:
-            self._release(consumer, settled)
-
-    def _release(self, consumer: Consumer, settled: list[Message]) -> None:
-        """Settled messages leave the store; the consumer's window has room again."""
-        queue = self.queues[consumer.destination]
-        self._forget(queue, settled)
+            # Settled messages leave the store; the consumer's window has room again.
+            self._forget(queue, messages)
         self._dispatch(queue)
 
     def _forget(self, queue: _Queue, messages: list[Message]) -> None:
@@ -229,10 +158,6 @@ class QueueEngine:
         # Queues are created on first use; forget empty ones so names don't accumulate.
         if not queue.consumers and not queue.pending and not queue.held_messages:
             del self.queues[queue.name]
-
-    def _receipt(self, gateway: int, conn: int, receipt: str) -> None:
-        if receipt:
-            self.outbox.add(gateway, Receipt(conn, receipt))
 
     # -- introspection -------------------------------------------------------------------
 

@@ -15,7 +15,7 @@ from collections import deque
 from types import FrameType
 
 from mpbroker import records
-from mpbroker.engine import Outbox, QueueEngine, TopicEngine
+from mpbroker.engine import Engine, Outbox, QueueEngine, TopicEngine
 from mpbroker.records import Hello, PipelineHello, Registered, Subscribe
 from mpbroker.shm import STATE_READY, ControlBlock, Doorbell, Ring, RingReader, RingWriter, park
 
@@ -72,7 +72,7 @@ class Pipeline:
         self.unregistered: set[int] = set(range(layout.gateways)) if spec.incarnation else set()
         self.held: list[tuple[int, records.Record]] = []
         self.hold_until = time.monotonic() + _HOLD_TIMEOUT_S
-        self.engine: QueueEngine | TopicEngine
+        self.engine: Engine
         if spec.role == "p2p":
             self.engine = QueueEngine(config.queues, spec.index, self.outbox)
         else:
