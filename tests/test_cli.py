@@ -193,3 +193,14 @@ def test_config_show_escapes_strings(data_dir: str, capsys: pytest.CaptureFixtur
     assert main(["config", "show", "--data-dir", data_dir]) == 0
     shown = config_from_mapping(tomllib.loads(capsys.readouterr().out))
     assert shown.broker.data_dir == data_dir
+
+
+def test_sample_config_lists_every_setting_and_loads(capsys: pytest.CaptureFixture[str]) -> None:
+    sample = Path(__file__).parent.parent / "ops" / "mpbroker.toml"
+    assert load_config(sample) == Config()
+    assert main(["config", "show"]) == 0
+    shown = capsys.readouterr().out.splitlines()
+    # Every line of `config show` stands in the sample, commented out where it is a setting.
+    text = sample.read_text()
+    for line in shown:
+        assert (line if line.startswith("[") or not line else f"# {line}") in text, line

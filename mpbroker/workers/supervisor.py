@@ -115,18 +115,29 @@ class Supervisor:
         """
         host = self.config.broker.host
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        # First a plain bind (no SO_REUSEPORT): it fails if anything listens there, even
+        # another broker whose SO_REUSEPORT group would otherwise silently share our port.
+        probe = socket.socket(family, socket.SOCK_STREAM)
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((host, self.config.broker.port))
+            port = probe.getsockname()[1]
+        except OSError as exc:
+            raise StartupError(
+                f"cannot listen on {host}:{self.config.broker.port}: {exc.strerror}"
+            ) from None
+        finally:
+            probe.close()
         sock = socket.socket(family, socket.SOCK_STREAM)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
         try:
-            sock.bind((host, self.config.broker.port))
+            sock.bind((host, port))
         except OSError as exc:
             sock.close()
-            raise StartupError(
-                f"cannot bind {host}:{self.config.broker.port}: {exc.strerror}"
-            ) from None
+            raise StartupError(f"cannot listen on {host}:{port}: {exc.strerror}") from None
         self.port_holder = sock
-        self.port = sock.getsockname()[1]
+        self.port = port
 
     def _spec(self, worker: _Worker) -> WorkerSpec:
         return WorkerSpec(

@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import psutil
 import pytest
@@ -206,3 +209,32 @@ def test_workers_die_with_a_killed_supervisor(start_broker: type[BrokerProcess])
     from mpbroker.shm import remove_instance
 
     remove_instance(str(broker.pid))
+
+
+def test_a_second_broker_on_the_same_port_is_refused(
+    start_broker: type[BrokerProcess], tmp_path: Path
+) -> None:
+    first = start_broker("--gateways", "1")
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "mpbroker",
+            "serve",
+            "--port",
+            str(first.port),
+            "--data-dir",
+            str(tmp_path / "second"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 1
+    assert f"cannot listen on 127.0.0.1:{first.port}: Address already in use" in result.stderr
+    # The first broker is untouched.
+    client = RawClient(first.host, first.port)
+    try:
+        assert client.connect().command == "CONNECTED"
+    finally:
+        client.close()
