@@ -160,8 +160,9 @@ class Gateway:
                 conn.notify()
             if pending_routes:
                 await self.route(pending_routes)
+            # The heartbeat says the event loop turns, busy or idle (park times out).
+            self.slot.beat()
             if got:
-                self.slot.beat()
                 await trio.lowlevel.checkpoint()
             else:
                 await park_async(self.readers, self.doorbell, park_timeout)
