@@ -25,6 +25,7 @@ __all__ = [
     "QueueSettings",
     "RingSettings",
     "StompSettings",
+    "StoreSettings",
     "TopicSettings",
     "TransactionSettings",
     "config_from_mapping",
@@ -168,6 +169,42 @@ class TransactionSettings:
 
 
 @dataclass(frozen=True, slots=True)
+class StoreSettings:
+    """Persistent messages: segmented SQLite WAL stores, one directory per partition."""
+
+    # The size of an ActiveMQ KahaDB journal file.
+    segment_max_bytes: int = _setting(
+        32 * MiB, "a store's active segment file is sealed past this size", min=64 * KiB
+    )
+    segment_max_age_s: float = _setting(
+        3600.0, "...or when it is this old (0 = never by age)", min=0.0
+    )
+    archive: bool = _setting(
+        False, "retired segments are moved to <store>/archive instead of deleted"
+    )
+    synchronous: str = _setting(
+        "full",
+        "full: no acknowledged message lost on power loss; "
+        "normal: survives process crashes, not power loss",
+        choices=("full", "normal"),
+    )
+    group_commit: bool = _setting(
+        True, "batch persistent sends into one transaction (off: one commit per message)"
+    )
+    commit_max_delay_ms: int = _setting(
+        5, "a batch is committed at the latest this long after its first message", min=0
+    )
+    # The seed's default is 5; under load the delay above is what should end a batch
+    # (each commit is an fsync with synchronous = full), so allow many messages per commit.
+    commit_max_messages: int = _setting(
+        256, "a batch is committed once it holds this many messages", min=1
+    )
+    commit_max_bytes: int = _setting(
+        128 * KiB, "a batch is committed once it holds this many bytes", min=1
+    )
+
+
+@dataclass(frozen=True, slots=True)
 class Config:
     broker: BrokerSettings = field(default_factory=BrokerSettings)
     stomp: StompSettings = field(default_factory=StompSettings)
@@ -175,6 +212,7 @@ class Config:
     queues: QueueSettings = field(default_factory=QueueSettings)
     topics: TopicSettings = field(default_factory=TopicSettings)
     transactions: TransactionSettings = field(default_factory=TransactionSettings)
+    store: StoreSettings = field(default_factory=StoreSettings)
 
     def replace(self, section: str, **changes: Any) -> Config:
         """A copy with some settings of one section changed (validated)."""

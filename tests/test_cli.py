@@ -98,7 +98,15 @@ def test_config_show_prints_toml_that_reads_back_as_the_same_config(
     assert (code, err) == (0, "")
     data = tomllib.loads(out)
     assert config_from_mapping(data) == Config()
-    assert list(data) == ["broker", "stomp", "rings", "queues", "topics", "transactions"]
+    assert list(data) == [
+        "broker",
+        "stomp",
+        "rings",
+        "queues",
+        "topics",
+        "transactions",
+        "store",
+    ]
 
 
 def test_config_show_documents_every_setting(capsys: pytest.CaptureFixture[str]) -> None:

@@ -59,6 +59,7 @@ def test_every_setting_is_documented_and_listed_in_declaration_order() -> None:
         "queues",
         "topics",
         "transactions",
+        "store",
     }
     assert all(doc for _, _, doc in rows)
     assert (

@@ -1,0 +1,46 @@
+"""Persistent stores: one partition's messages as a sequence of SQLite WAL segment files.
+
+- :class:`MessageStore`: append (one transaction per group-commit batch), settle, delivery
+  counts, live messages in delivery order, expiry scan; segments roll by size or age and are
+  retired (deleted or archived) when all their messages are settled.
+- :class:`CommitBuffer`: the small processing buffer that decides when to group-commit
+  (pure: the caller passes the time).
+- :class:`StoreError`, and the result types (settings: :class:`mpbroker.config.StoreSettings`)
+  :class:`StoredMessage`, :class:`SegmentInfo`, :class:`StoreStatistics`.
+
+Typical use in a pipeline worker::
+
+    store = MessageStore.open(data_dir / "p2p-0", config.store)
+    for sm in store.live():                 # rebuild the in-memory queues after a restart
+        enqueue(sm.seq, sm.message, sm.deliveries)
+    buffer = CommitBuffer(max_delay_ms=5, max_messages=64, max_bytes=128 * 1024)
+    if buffer.add(send, send.message.size, now_ms):      # or when due_in_ms() reaches 0
+        batch = buffer.take()
+        seqs = store.append([s.message for s in batch])  # StoreError -> refuse the batch
+        ...                                              # then send the receipts
+    store.settle([seq], "acked", now_ms)
+
+See DESIGN.md, "Message life" and "Delivery guarantees".
+"""
+
+from ._commit import CommitBuffer
+from ._errors import StoreError
+from ._segment import MIGRATIONS
+from ._store import (
+    OUTCOMES,
+    MessageStore,
+    SegmentInfo,
+    StoredMessage,
+    StoreStatistics,
+)
+
+__all__ = [
+    "MIGRATIONS",
+    "OUTCOMES",
+    "CommitBuffer",
+    "MessageStore",
+    "SegmentInfo",
+    "StoreError",
+    "StoreStatistics",
+    "StoredMessage",
+]

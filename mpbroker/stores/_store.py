@@ -1,0 +1,633 @@
+"""MessageStore: one partition's persistent messages as a sequence of SQLite segment files.
+
+Layout of a store directory (one per partition, e.g. ``data_dir/p2p-0``)::
+
+    mpbroker-store          marker: refuses to adopt a directory that is not a store
+    seg-00000001.db         sealed segments (never written again) ...
+    seg-00000007.db         ... and the active segment, the only one written
+    archive/seg-*.db        retired segments when settings.archive is true
+
+Messages are appended to the active segment; settlements (acked, expired, dead-lettered) and
+delivery counts are appended to the active segment too, whichever segment holds the message.
+A sealed segment whose messages are all settled is retired as a whole (unlinked or moved to
+the archive) instead of deleting rows one by one. Before a segment is retired, its settlement
+and delivery rows for messages of OLDER segments still present are carried forward into the
+active segment (ack compaction), so a restart never resurrects a settled message.
+
+In memory the store keeps, per segment, the seq and size of every unsettled message and, per
+unsettled message, its delivery count: retirement, settle and statistics need no scan.
+The store is used by one thread of one process (the partition's pipeline worker), the only
+writer of its directory.
+"""
+
+from __future__ import annotations
+
+import bisect
+import contextlib
+import logging
+import os
+import shutil
+import sqlite3
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from types import TracebackType
+from typing import Final
+
+import msgspec
+
+from mpbroker.config import StoreSettings
+from mpbroker.records import Message, message_size
+
+from ._errors import StoreError
+from ._segment import (
+    SIDE_SUFFIXES,
+    Segment,
+    create_segment,
+    fsync_directory,
+    open_segment,
+    segment_index,
+    segment_name,
+)
+
+__all__ = [
+    "OUTCOMES",
+    "MessageStore",
+    "SegmentInfo",
+    "StoreStatistics",
+    "StoredMessage",
+]
+
+log = logging.getLogger(__name__)
+
+OUTCOMES: Final = frozenset({"acked", "expired", "dead-lettered"})
+MARKER_NAME: Final = "mpbroker-store"
+MARKER_TEXT: Final = "mpbroker message store 1\n"
+ARCHIVE_DIR: Final = "archive"
+
+_encode_headers = msgspec.msgpack.Encoder().encode
+_decode_headers = msgspec.msgpack.Decoder(dict[str, str]).decode
+
+_INSERT_MESSAGE: Final = (
+    "INSERT INTO messages (seq, message_id, destination, headers, body, timestamp_ms,"
+    " priority, expires_ms, size) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)"
+)
+_SELECT_MESSAGE: Final = (
+    "SELECT seq, message_id, destination, headers, body, timestamp_ms, priority, expires_ms,"
+    " size FROM messages"
+)
+_INSERT_SETTLEMENT: Final = (
+    "INSERT OR IGNORE INTO settlements (seq, outcome, at_ms) VALUES (?, ?, ?)"
+)
+_UPSERT_DELIVERY: Final = (
+    "INSERT INTO deliveries (seq, count) VALUES (?, ?)"
+    " ON CONFLICT(seq) DO UPDATE SET count = excluded.count"
+)
+
+
+MessageRow = tuple[int, str, str, bytes, bytes, int, int, int, int]
+
+
+@dataclass(frozen=True, slots=True)
+class StoredMessage:
+    """A message as the store gives it back."""
+
+    seq: int
+    """Store-assigned reference, strictly increasing across segments."""
+    message: Message
+    """The message; `persistent` is True, `redelivered` is `deliveries > 0`, and its own
+    `seq` and `deliveries` fields are filled in too."""
+    deliveries: int
+    """Delivery attempts that came back (NACK, consumer gone); survives restarts."""
+
+
+@dataclass(frozen=True, slots=True)
+class SegmentInfo:
+    """One segment file present in the store directory (archived ones are not listed)."""
+
+    path: Path
+    """The segment file."""
+    index: int
+    """Its number in the sequence (seg-<index>.db)."""
+    first_seq: int | None
+    """Lowest seq of a message in it; None when it holds no messages."""
+    last_seq: int | None
+    """Highest seq of a message in it; None when it holds no messages."""
+    sealed: bool
+    """True once it is no longer the active segment: the file is immutable."""
+    messages: int
+    """Messages stored in it (settled or not)."""
+    live: int
+    """Messages in it not settled yet; a sealed segment is retired when this reaches 0."""
+
+
+@dataclass(frozen=True, slots=True)
+class StoreStatistics:
+    """A snapshot of a store's counters (the admin API shows them)."""
+
+    segments: int
+    """Segment files present, the active one included (archived ones not counted)."""
+    active_segment: Path
+    """The segment appends go to."""
+    active_segment_bytes: int
+    """Logical size of the active segment; it rolls past `segment_max_bytes`."""
+    live_messages: int
+    """Messages stored and not settled."""
+    live_bytes: int
+    """Sum of `message_size()` of the live messages."""
+    retired_segments: int
+    """Segments retired (deleted or archived) since this store was opened."""
+    appends: int
+    """Messages appended since open."""
+    append_transactions: int
+    """Committed append transactions since open (appends / this = group-commit batch size)."""
+    settles: int
+    """Messages settled since open (settling an unknown or settled seq does not count)."""
+
+
+def _sqlite_detail(exc: BaseException) -> str:
+    name = getattr(exc, "sqlite_errorname", None)
+    return f"{exc} ({name})" if name else str(exc)
+
+
+class MessageStore:
+    """One partition's persistent messages. Create with :meth:`open`."""
+
+    def __init__(
+        self,
+        directory: Path,
+        settings: StoreSettings,
+        segments: list[Segment],
+        clock: Callable[[], float],
+    ) -> None:
+        self.directory = directory
+        self.settings = settings
+        self._segments = segments  # ascending index; the last one is the active segment
+        self._bases = [s.base_seq for s in segments]  # for bisect: seq -> owning segment
+        self._clock = clock
+        self._closed = False
+        self._deliveries: dict[int, int] = {}  # live seq -> delivery count (absent = 0)
+        self._next_seq = 1
+        self._active_bytes = 0
+        self._retired = 0
+        self._appends = 0
+        self._append_transactions = 0
+        self._settles = 0
+
+    # -- opening ------------------------------------------------------------------------------
+
+    @classmethod
+    def open(
+        cls,
+        directory: Path,
+        settings: StoreSettings,
+        *,
+        clock: Callable[[], float] = time.time,
+    ) -> MessageStore:
+        """Open the store in `directory`, creating it (and its first segment) if needed.
+
+        `clock` (seconds since the epoch) dates segments for `segment_max_age_s`; tests pass
+        their own. Raises StoreError naming the file when the directory is not a store, or a
+        segment is foreign or has a newer schema.
+        """
+        directory = Path(directory)
+        now_ms = int(clock() * 1000)
+        try:
+            directory.mkdir(parents=True, exist_ok=True)
+            _check_marker(directory)
+            _remove_leftovers(directory)
+        except OSError as exc:
+            raise StoreError(directory, "open", str(exc)) from exc
+        indexes = sorted(
+            i for i in (segment_index(p.name) for p in directory.iterdir()) if i is not None
+        )
+        segments: list[Segment] = []
+        try:
+            for i in indexes:
+                segments.append(
+                    open_segment(directory / segment_name(i), settings.synchronous, now_ms)
+                )
+            store = cls(directory, settings, segments, clock)
+            store._rebuild()
+            store._ensure_active()
+            store._retire_settled()
+        except BaseException:
+            for seg in segments:
+                seg.close()
+            raise
+        return store
+
+    def _rebuild(self) -> None:
+        """Rebuild the in-memory state from the segment files (start-up, after a crash too)."""
+        settled: set[int] = set()
+        for seg in self._segments:
+            settled.update(row[0] for row in seg.conn.execute("SELECT seq FROM settlements"))
+        next_seq = 1
+        for seg in self._segments:
+            seg.live = {
+                seq: size
+                for seq, size in seg.conn.execute("SELECT seq, size FROM messages")
+                if seq not in settled
+            }
+            # Older segments first, so the newest segment's count wins.
+            self._deliveries.update(seg.conn.execute("SELECT seq, count FROM deliveries"))
+            next_seq = max(next_seq, seg.base_seq, (seg.last_seq or 0) + 1)
+            # Only the last segment can be unsealed; an older unsealed one (not produced by
+            # this code) is treated as sealed and never written.
+        live = set().union(*(seg.live for seg in self._segments)) if self._segments else set()
+        self._deliveries = {s: c for s, c in self._deliveries.items() if s in live and c > 0}
+        self._next_seq = next_seq
+        if self._segments and not self._segments[-1].sealed:
+            self._active_bytes = self._segments[-1].size_bytes()
+
+    # -- guards -------------------------------------------------------------------------------
+
+    def _ensure_open(self, operation: str) -> None:
+        if self._closed:
+            raise StoreError(self.directory, operation, "the store is closed")
+
+    def _ensure_active(self) -> Segment:
+        """The active segment, creating one when there is none or the last one is sealed
+        (first open, or a roll interrupted by a crash or an error after sealing)."""
+        if self._segments and not self._segments[-1].sealed:
+            return self._segments[-1]
+        index = self._segments[-1].index + 1 if self._segments else 1
+        seg = create_segment(
+            self.directory,
+            index,
+            self._next_seq,
+            self.settings.synchronous,
+            int(self._clock() * 1000),
+        )
+        self._segments.append(seg)
+        self._bases.append(seg.base_seq)
+        self._active_bytes = seg.size_bytes()
+        return seg
+
+    # -- writing ------------------------------------------------------------------------------
+
+    def append(self, messages: Sequence[Message]) -> list[int]:
+        """Store `messages` in ONE transaction (the group-commit unit); their seqs, in order.
+
+        Rolls to a new segment first when the active one is past `segment_max_bytes` or
+        `segment_max_age_s`. When this returns the messages are durable per `synchronous`.
+        On failure raises StoreError and nothing of the batch is stored.
+        """
+        self._ensure_open("append()")
+        if not messages:
+            return []
+        self._roll_if_due()
+        seg = self._ensure_active()
+        first = self._next_seq
+        rows: list[MessageRow] = []
+        sizes: list[int] = []
+        for offset, m in enumerate(messages):
+            size = m.size or message_size(m)
+            sizes.append(size)
+            rows.append(
+                (
+                    first + offset,
+                    m.message_id,
+                    m.destination,
+                    _encode_headers(m.headers),
+                    m.body,
+                    m.timestamp_ms,
+                    m.priority,
+                    m.expires_ms,
+                    size,
+                )
+            )
+        conn = seg.conn
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+            conn.executemany(_INSERT_MESSAGE, rows)
+            conn.execute("COMMIT")
+        except BaseException as exc:
+            seg.rollback_quietly()
+            if isinstance(exc, sqlite3.Error):
+                raise StoreError(seg.path, "append", _sqlite_detail(exc)) from exc
+            raise
+        seqs = list(range(first, first + len(rows)))
+        self._next_seq = first + len(rows)
+        seg.live.update(zip(seqs, sizes, strict=True))
+        if seg.first_seq is None:
+            seg.first_seq = first
+        seg.last_seq = seqs[-1]
+        seg.messages += len(rows)
+        self._appends += len(rows)
+        self._append_transactions += 1
+        with contextlib.suppress(sqlite3.Error):  # only a statistic and the roll trigger
+            self._active_bytes = seg.size_bytes()
+        return seqs
+
+    def settle(self, seqs: Sequence[int], outcome: str, at_ms: int) -> None:
+        """Record that messages are done with (`acked`, `expired` or `dead-lettered`).
+
+        One transaction, appended to the active segment. Unknown or already settled seqs
+        are ignored. Sealed segments left with no live message are retired afterwards.
+        """
+        self._ensure_open("settle()")
+        if outcome not in OUTCOMES:
+            raise ValueError(f"outcome {outcome!r}: must be one of {sorted(OUTCOMES)}")
+        owned: dict[int, Segment] = {}
+        for seq in seqs:
+            seg = self._owner(seq)
+            if seg is not None and seq in seg.live:
+                owned[seq] = seg
+        if not owned:
+            return
+        active = self._ensure_active()
+        self._write(active, "settle", [(_INSERT_SETTLEMENT, [(s, outcome, at_ms) for s in owned])])
+        for seq, seg in owned.items():
+            del seg.live[seq]
+            self._deliveries.pop(seq, None)
+        self._settles += len(owned)
+        self._retire_settled()
+
+    def record_delivery(self, seqs: Sequence[int]) -> None:
+        """Count one more delivery attempt that came back for each live seq (persistently)."""
+        self._ensure_open("record_delivery()")
+        counts: dict[int, int] = {}
+        for seq in seqs:
+            seg = self._owner(seq)
+            if seg is not None and seq in seg.live:
+                counts[seq] = counts.get(seq, self._deliveries.get(seq, 0)) + 1
+        if not counts:
+            return
+        active = self._ensure_active()
+        self._write(active, "record_delivery", [(_UPSERT_DELIVERY, list(counts.items()))])
+        self._deliveries.update(counts)
+
+    def roll(self) -> None:
+        """Seal the active segment and start a new one (no-op if the active one is empty of
+        messages and settlement rows would be all it carries). Retires what became retirable."""
+        self._ensure_open("roll()")
+        active = self._ensure_active()
+        if active.messages == 0:
+            return
+        try:
+            active.seal()
+        except sqlite3.Error as exc:
+            raise StoreError(active.path, "seal", _sqlite_detail(exc)) from exc
+        self._ensure_active()
+        self._retire_settled()
+
+    def _roll_if_due(self) -> None:
+        active = self._ensure_active()
+        if active.messages == 0:
+            # Rolling an empty segment would only make an empty sealed one to retire.
+            return
+        max_age_s = self.settings.segment_max_age_s
+        too_old = max_age_s > 0 and self._clock() * 1000 - active.created_ms >= max_age_s * 1000
+        if too_old or self._active_bytes >= self.settings.segment_max_bytes:
+            self.roll()
+
+    def _write(
+        self,
+        seg: Segment,
+        operation: str,
+        statements: Iterable[tuple[str, Sequence[Sequence[object]]]],
+    ) -> None:
+        conn = seg.conn
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+            for sql, rows in statements:
+                conn.executemany(sql, rows)
+            conn.execute("COMMIT")
+        except BaseException as exc:
+            seg.rollback_quietly()
+            if isinstance(exc, sqlite3.Error):
+                raise StoreError(seg.path, operation, _sqlite_detail(exc)) from exc
+            raise
+
+    # -- retirement ---------------------------------------------------------------------------
+
+    def _owner(self, seq: int) -> Segment | None:
+        """The present segment holding message `seq`, or None (never stored, or retired)."""
+        i = bisect.bisect_right(self._bases, seq) - 1
+        if i < 0:
+            return None
+        seg = self._segments[i]
+        # Seqs of a segment are contiguous from its first message to its last, so a seq past
+        # last_seq belongs to a segment that was retired (or is not stored at all).
+        if (
+            seg.first_seq is None
+            or seg.last_seq is None
+            or not seg.first_seq <= seq <= seg.last_seq
+        ):
+            return None
+        return seg
+
+    def _retire_settled(self) -> None:
+        """Retire every sealed segment with no live message, oldest first."""
+        for seg in list(self._segments[:-1]):
+            if seg.sealed and not seg.live:
+                try:
+                    self._retire(seg)
+                except (StoreError, OSError, sqlite3.Error) as exc:
+                    # The settlement that made it retirable is committed; retiring is retried
+                    # at the next settle or open, so report it and carry on.
+                    log.warning("store: cannot retire %s yet: %s", seg.path, exc)
+                    return
+
+    def _retire(self, seg: Segment) -> None:
+        active = self._segments[-1]
+        # Ack compaction: rows here about messages of older segments still present must
+        # outlive this file, or a restart would resurrect those settled messages.
+        carried_settlements: list[tuple[int, str, int]] = []
+        for seq, outcome, at_ms in seg.conn.execute(
+            "SELECT seq, outcome, at_ms FROM settlements WHERE seq < ?", (seg.base_seq,)
+        ):
+            owner = self._owner(seq)
+            if owner is not None and owner is not seg:
+                carried_settlements.append((seq, outcome, at_ms))
+        carried_deliveries = [
+            (seq, self._deliveries[seq])
+            for (seq,) in seg.conn.execute(
+                "SELECT seq FROM deliveries WHERE seq < ?", (seg.base_seq,)
+            )
+            if seq in self._deliveries
+        ]
+        if carried_settlements or carried_deliveries:
+            self._write(
+                active,
+                "carry settlements forward",
+                [(_INSERT_SETTLEMENT, carried_settlements), (_UPSERT_DELIVERY, carried_deliveries)],
+            )
+        with contextlib.suppress(sqlite3.Error):
+            seg.conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        seg.close()
+        files = [seg.path, *(Path(f"{seg.path}{s}") for s in SIDE_SUFFIXES)]
+        if self.settings.archive:
+            archive = self.directory / ARCHIVE_DIR
+            archive.mkdir(exist_ok=True)
+            # Side files first: the main file's presence in the store directory is what says
+            # "not retired yet" to a restart.
+            for f in reversed(files):
+                if f.exists():
+                    os.replace(f, archive / f.name)
+            fsync_directory(archive)
+        else:
+            for f in reversed(files):
+                f.unlink(missing_ok=True)
+        fsync_directory(self.directory)
+        i = self._segments.index(seg)
+        del self._segments[i]
+        del self._bases[i]
+        self._retired += 1
+
+    # -- reading ------------------------------------------------------------------------------
+
+    def live(self) -> list[StoredMessage]:
+        """Every unsettled message in delivery order: priority DESC, then seq ASC."""
+        self._ensure_open("live()")
+        result: list[StoredMessage] = []
+        for seg in self._segments:
+            if not seg.live:
+                continue
+            keep = seg.live
+            for row in seg.conn.execute(_SELECT_MESSAGE):
+                if row[0] in keep:
+                    result.append(self._stored(row))
+        result.sort(key=lambda m: (-m.message.priority, m.seq))
+        return result
+
+    def read(self, seq: int) -> StoredMessage:
+        """One live message; KeyError when `seq` is unknown or settled."""
+        self._ensure_open("read()")
+        seg = self._owner(seq)
+        if seg is None or seq not in seg.live:
+            raise KeyError(seq)
+        try:
+            row = seg.conn.execute(_SELECT_MESSAGE + " WHERE seq = ?", (seq,)).fetchone()
+        except sqlite3.Error as exc:
+            raise StoreError(seg.path, "read", _sqlite_detail(exc)) from exc
+        return self._stored(row)
+
+    def expired(self, now_ms: int, limit: int) -> list[int]:
+        """Seqs of live messages with 0 < expires_ms <= now_ms (at most `limit`), oldest
+        segment first."""
+        self._ensure_open("expired()")
+        found: list[int] = []
+        for seg in self._segments:
+            if len(found) >= limit:
+                break
+            if not seg.live:
+                continue
+            cursor = seg.conn.execute(
+                "SELECT seq FROM messages WHERE expires_ms > 0 AND expires_ms <= ?"
+                " ORDER BY expires_ms, seq",
+                (now_ms,),
+            )
+            for (seq,) in cursor:
+                if seq in seg.live:
+                    found.append(seq)
+                    if len(found) >= limit:
+                        break
+            cursor.close()
+        return found
+
+    def _stored(self, row: MessageRow) -> StoredMessage:
+        seq, message_id, destination, headers, body, timestamp_ms, priority, expires_ms, size = row
+        deliveries = self._deliveries.get(seq, 0)
+        message = Message(
+            message_id=message_id,
+            destination=destination,
+            headers=_decode_headers(headers),
+            body=body,
+            timestamp_ms=timestamp_ms,
+            persistent=True,
+            priority=priority,
+            expires_ms=expires_ms,
+            redelivered=deliveries > 0,
+            size=size,
+            seq=seq,
+            deliveries=deliveries,
+        )
+        return StoredMessage(seq, message, deliveries)
+
+    # -- reporting ----------------------------------------------------------------------------
+
+    def statistics(self) -> StoreStatistics:
+        return StoreStatistics(
+            segments=len(self._segments),
+            active_segment=self._segments[-1].path,
+            active_segment_bytes=self._active_bytes,
+            live_messages=sum(len(s.live) for s in self._segments),
+            live_bytes=sum(sum(s.live.values()) for s in self._segments),
+            retired_segments=self._retired,
+            appends=self._appends,
+            append_transactions=self._append_transactions,
+            settles=self._settles,
+        )
+
+    def segments(self) -> list[SegmentInfo]:
+        """The segment files present, oldest first; the last one is the active segment."""
+        return [
+            SegmentInfo(
+                path=s.path,
+                index=s.index,
+                first_seq=s.first_seq,
+                last_seq=s.last_seq,
+                sealed=s.sealed,
+                messages=s.messages,
+                live=len(s.live),
+            )
+            for s in self._segments
+        ]
+
+    def close(self) -> None:
+        """Close every segment (idempotent)."""
+        if self._closed:
+            return
+        self._closed = True
+        for seg in self._segments:
+            with contextlib.suppress(sqlite3.Error):
+                seg.close()
+
+    def __enter__(self) -> MessageStore:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+
+def _check_marker(directory: Path) -> None:
+    """Adopt an empty directory (writing the marker); refuse one that is not a store."""
+    marker = directory / MARKER_NAME
+    if marker.exists():
+        text = marker.read_text(errors="replace")
+        if text != MARKER_TEXT:
+            raise StoreError(marker, "open", f"unknown store marker {text[:40]!r}")
+        return
+    entries = sorted(p.name for p in directory.iterdir())
+    if entries:
+        raise StoreError(
+            directory,
+            "open",
+            f"not an mpbroker store (no {MARKER_NAME} file; contains {entries[:5]})",
+        )
+    tmp = directory / (MARKER_NAME + ".tmp")
+    with open(tmp, "w") as fh:
+        fh.write(MARKER_TEXT)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, marker)
+    fsync_directory(directory)
+
+
+def _remove_leftovers(directory: Path) -> None:
+    # A segment still under its temporary name was being created when the process died;
+    # it holds nothing (messages only go into a segment after its rename).
+    for p in directory.iterdir():
+        if ".db.tmp" in p.name:
+            if p.is_dir():
+                shutil.rmtree(p)
+            else:
+                p.unlink()
