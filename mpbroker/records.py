@@ -65,6 +65,9 @@ class Message(msgspec.Struct, array_like=True, gc=False):
     redelivered: bool = False
     # message_size(), set once by the owning pipeline so limits need not recompute it.
     size: int = 0
+    # Persistent messages: the store's reference (0 = not stored) and earlier deliveries.
+    seq: int = 0
+    deliveries: int = 0
 
 
 def message_size(message: Message) -> int:

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pytest
 
@@ -28,8 +29,10 @@ def start_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[type[Brok
     started: list[BrokerProcess] = []
 
     class _Started(BrokerProcess):
-        def __init__(self, *args: str, config: str | None = None) -> None:
-            super().__init__(tmp_path_factory.mktemp("data"), *args, config=config)
+        def __init__(
+            self, *args: str, config: str | None = None, data_dir: Path | None = None
+        ) -> None:
+            super().__init__(data_dir or tmp_path_factory.mktemp("data"), *args, config=config)
             started.append(self)
 
     yield _Started

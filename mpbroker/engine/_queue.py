@@ -31,7 +31,7 @@ class _Queue:
 
 
 def _redelivery(message: Message) -> Message:
-    return msgspec.structs.replace(message, redelivered=True)
+    return msgspec.structs.replace(message, redelivered=True, deliveries=message.deliveries + 1)
 
 
 class QueueEngine(Engine):
@@ -49,33 +49,53 @@ class QueueEngine(Engine):
         self.settings = settings
         self.queues: dict[str, _Queue] = {}
         self.held_bytes = 0
+        # Store work for persistent messages, taken by the worker after each batch:
+        # settled (acknowledged) and returned (delivered, then back in the queue).
+        self.settled_seqs: list[int] = []
+        self.returned_seqs: list[int] = []
 
     # -- producers -----------------------------------------------------------------------
 
     def _send(self, gateway: int, record: Send) -> None:
+        # A stored message was admitted before the worker stored it.
+        if not record.message.seq and not self.admit(gateway, record):
+            return
+        self.received += 1
+        self._enqueue(record.message)
+        self._receipt(gateway, record.conn, record.receipt)
+
+    def admit(self, gateway: int, record: Send) -> bool:
+        """Whether a message fits the limits; if not, a Refuse goes to its producer."""
         message = record.message
         queue = self.queues.get(message.destination)
         size = message.size = message_size(message)
         limit = self._refusal(queue.held_messages if queue else 0, size)
-        if limit:
-            self.outbox.add(
-                gateway,
-                Refuse(
-                    record.conn,
-                    f"ResourceAllocation: {message.destination} {limit} reached",
-                    "The message was not accepted. Consume from the queue, or raise the "
-                    "limit in the broker's [queues] configuration.",
-                    record.receipt,
-                ),
-            )
-            return
-        self.received += 1
+        if not limit:
+            return True
+        self.outbox.add(
+            gateway,
+            Refuse(
+                record.conn,
+                f"ResourceAllocation: {message.destination} {limit} reached",
+                "The message was not accepted. Consume from the queue, or raise the "
+                "limit in the broker's [queues] configuration.",
+                record.receipt,
+            ),
+        )
+        return False
+
+    def restore(self, message: Message) -> None:
+        """A persistent message recovered from the store after a restart."""
+        message.size = message_size(message)
+        self._enqueue(message)
+
+    def _enqueue(self, message: Message) -> None:
+        queue = self.queues.get(message.destination)
         if queue is None:
             queue = self.queues[message.destination] = _Queue(message.destination)
         queue.pending.append(message)
         queue.held_messages += 1
-        self.held_bytes += size
-        self._receipt(gateway, record.conn, record.receipt)
+        self.held_bytes += message.size
         self._dispatch(queue)
 
     def _refusal(self, held_messages: int, size: int) -> str:
@@ -111,9 +131,11 @@ class QueueEngine(Engine):
             unsettled = list(consumer.unacked.values())
             consumer.unacked.clear()
             if consumer.ack_mode == ACK_AUTO and not requeue_auto:
-                self._forget(queue, unsettled)
-                continue
-            queue.pending.extendleft(_redelivery(m) for m in reversed(unsettled))
+                # Non-persistent: at most once, so they are gone. Persistent: at least
+                # once, so they come back.
+                self._forget(queue, [m for m in unsettled if not m.persistent])
+                unsettled = [m for m in unsettled if m.persistent]
+            self._requeue(queue, unsettled)
         for queue in touched.values():
             self._dispatch(queue)
             self._drop_if_idle(queue)
@@ -121,15 +143,21 @@ class QueueEngine(Engine):
     def _settled(self, consumer: Consumer, messages: list[Message], *, nack: bool) -> None:
         queue = self.queues[consumer.destination]
         if nack:
-            queue.pending.extendleft(_redelivery(m) for m in reversed(messages))
+            self._requeue(queue, messages)
         else:
             # Settled messages leave the store; the consumer's window has room again.
             self._forget(queue, messages)
         self._dispatch(queue)
 
+    def _requeue(self, queue: _Queue, messages: list[Message]) -> None:
+        """Delivered messages come back to the head of the queue, in their order."""
+        self.returned_seqs.extend(m.seq for m in messages if m.seq)
+        queue.pending.extendleft(_redelivery(m) for m in reversed(messages))
+
     def _forget(self, queue: _Queue, messages: list[Message]) -> None:
         queue.held_messages -= len(messages)
         self.held_bytes -= sum(m.size for m in messages)
+        self.settled_seqs.extend(m.seq for m in messages if m.seq)
 
     def _dispatch(self, queue: _Queue) -> None:
         """Hand pending messages to ready consumers, round robin."""

@@ -12,14 +12,17 @@ import os
 import signal
 import time
 from collections import deque
+from pathlib import Path
 from types import FrameType
 
 from mpbroker import records
 from mpbroker.engine import Engine, Outbox, QueueEngine, TopicEngine
-from mpbroker.records import Hello, PipelineHello, Registered, Subscribe
+from mpbroker.records import Barrier, Hello, PipelineHello, Registered, Send, Subscribe
 from mpbroker.shm import STATE_READY, ControlBlock, Doorbell, Ring, RingReader, RingWriter, park
+from mpbroker.stores import MessageStore
 
 from ._layout import WorkerSpec
+from .persistence import QueuePersistence
 
 __all__ = ["run_pipeline"]
 
@@ -73,8 +76,13 @@ class Pipeline:
         self.held: list[tuple[int, records.Record]] = []
         self.hold_until = time.monotonic() + _HOLD_TIMEOUT_S
         self.engine: Engine
+        self.persistence: QueuePersistence | None = None
         if spec.role == "p2p":
-            self.engine = QueueEngine(config.queues, spec.index, self.outbox)
+            engine = QueueEngine(config.queues, spec.index, self.outbox)
+            store_dir = Path(config.broker.data_dir) / f"p2p-{spec.index}"
+            store = MessageStore.open(store_dir, config.store)
+            self.persistence = QueuePersistence(store, engine, self.outbox, config)
+            self.engine = engine
         else:
             self.engine = TopicEngine(config.topics, spec.index, self.outbox)
 
@@ -98,6 +106,14 @@ class Pipeline:
             busy = True
             for kind, payload in batch:
                 record = decode(kind, payload)
+                if self.persistence is not None:
+                    if isinstance(record, Send) and record.message.persistent:
+                        if not self.unregistered:
+                            self.persistence.offer(gateway, record)
+                            continue
+                    elif isinstance(record, Barrier):
+                        # A barrier answers for every earlier frame: commit them first.
+                        self.persistence.commit()
                 if isinstance(record, Hello):
                     # That gateway restarted: what we still owed its old connections is moot.
                     self.backlog[gateway].clear()
@@ -113,6 +129,9 @@ class Pipeline:
                     handle(gateway, record)
         if self.held and (not self.unregistered or time.monotonic() > self.hold_until):
             self._release_held()
+        if self.persistence is not None:
+            self.persistence.commit_if_due()
+            self.persistence.write_back()
         self.flush()
         return busy
 
@@ -126,7 +145,14 @@ class Pipeline:
             self.unregistered.clear()
         held, self.held = self.held, []
         for gateway, record in held:
-            self.engine.handle(gateway, record)
+            if (
+                self.persistence is not None
+                and isinstance(record, Send)
+                and record.message.persistent
+            ):
+                self.persistence.offer(gateway, record)
+            else:
+                self.engine.handle(gateway, record)
 
     def flush(self) -> None:
         for gateway, batch in self.outbox.take().items():
@@ -147,6 +173,10 @@ class Pipeline:
     def run(self) -> None:
         park_timeout = self.spec.config.rings.park_timeout_ms / 1000
         parent = os.getppid()
+        if self.persistence is not None:
+            restored = self.persistence.recover()
+            if restored:
+                log.info("recovered %d persistent messages from the store", restored)
         self.announce()
         self.slot.pid = os.getpid()
         self.slot.incarnation = self.spec.incarnation
@@ -157,6 +187,11 @@ class Pipeline:
             self.slot.set_counter(COUNTER_RECEIVED, self.engine.received)
             self.slot.set_counter(COUNTER_DELIVERED, self.engine.delivered)
             if busy:
+                continue
+            due = self.persistence.due_in_s() if self.persistence is not None else None
+            if due is not None:
+                # A batch waits for its commit delay: sleep no longer than that.
+                park(self.readers, self.doorbell, max(0.0, due))
                 continue
             if self.held:
                 # Holding for re-registration: poll until it completes or times out.
@@ -172,6 +207,8 @@ class Pipeline:
             park(self.readers, self.doorbell, park_timeout)
 
     def close(self) -> None:
+        if self.persistence is not None:
+            self.persistence.store.close()
         for ring in self.rings:
             ring.close()
         for bell in self.gateway_bells:
