@@ -66,6 +66,7 @@ _SEND_CONTROL_HEADERS = frozenset(
         "subscription",
         "ack",
         "redelivered",
+        "JMSXDeliveryCount",
     }
 )
 _ARTICLE = {"id": "an"}
@@ -116,6 +117,8 @@ def _message_tail(message: Message, version: str) -> memoryview:
     headers = {"message-id": message.message_id, "destination": message.destination}
     if message.redelivered:
         headers["redelivered"] = "true"
+        # The JMS name for how often the message has been delivered, this time included.
+        headers["JMSXDeliveryCount"] = str(message.deliveries + 1)
     for key, value in message.headers.items():
         if key not in headers:
             headers[key] = value

@@ -49,8 +49,12 @@ class QueuePersistence:
         """
         restored = 0
         for stored in self.store.live():
+            # Counted as delivered once more: it may have reached a consumer before.
             message = msgspec.structs.replace(
-                stored.message, seq=stored.seq, deliveries=stored.deliveries, redelivered=True
+                stored.message,
+                seq=stored.seq,
+                deliveries=stored.deliveries + 1,
+                redelivered=True,
             )
             self.engine.restore(message)
             restored += 1

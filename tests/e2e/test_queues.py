@@ -190,6 +190,7 @@ def test_nack_redelivers_with_redelivered_header(broker: BrokerProcess, raw: Raw
     second = client.recv()
     assert second.body == b"retry me"
     assert second.headers["redelivered"] == "true"
+    assert second.headers["JMSXDeliveryCount"] == "2"
     assert second.headers["message-id"] == first.headers["message-id"]
     client.send("ACK", {"id": second.headers["ack"], "receipt": "done"})
     assert client.recv().command == "RECEIPT"
