@@ -141,6 +141,12 @@ class QueueSettings:
         "most message bytes all queues of one p2p worker hold (the VolQueueStore)",
         min=1,
     )
+    expiry_on_read: bool = _setting(
+        True, "drop expired messages met while dispatching, without waiting for the scan"
+    )
+    expiry_scan_interval_s: float = _setting(
+        30.0, "how often queues are scanned for expired messages (0 = only on read)", min=0.0
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -201,6 +207,12 @@ class StoreSettings:
     )
     commit_max_bytes: int = _setting(
         128 * KiB, "a batch is committed once it holds this many bytes", min=1
+    )
+    cleanup_batch: int = _setting(
+        500, "most expired messages settled in one store transaction", min=1
+    )
+    cleanup_gap_ms: int = _setting(
+        10, "pause between two cleanup transactions, so cleanup never stalls delivery", min=0
     )
 
 

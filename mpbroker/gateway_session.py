@@ -249,6 +249,13 @@ class GatewaySession:
         destination = self._required(frame, "destination")
         pipeline = self._owner(destination)
         user_headers = {k: v for k, v in headers.items() if k not in _SEND_CONTROL_HEADERS}
+        # JMS priority 0-9 (default 4); `expires` is absolute epoch ms as in ActiveMQ's
+        # STOMP, `ttl` a time to live in ms from now; 0 means never.
+        priority = self._int_header(frame, "priority", 4, minimum=0, maximum=9)
+        expires = self._int_header(frame, "expires", 0, minimum=0)
+        if not expires:
+            ttl = self._int_header(frame, "ttl", 0, minimum=0)
+            expires = now_ms + ttl if ttl else 0
         message = Message(
             next(self.message_ids),
             destination,
@@ -256,6 +263,8 @@ class GatewaySession:
             frame.body,
             now_ms,
             persistent=headers.get("persistent") == "true",
+            priority=priority,
+            expires_ms=expires,
         )
         tx = self._transaction_of(frame)
         if tx is None:
@@ -562,14 +571,17 @@ class GatewaySession:
         except UnknownDestination as exc:
             raise SessionError(str(exc)) from None
 
-    def _int_header(self, frame: Frame, name: str, default: int, *, minimum: int) -> int:
+    def _int_header(
+        self, frame: Frame, name: str, default: int, *, minimum: int, maximum: int | None = None
+    ) -> int:
         text = frame.headers.get(name)
         if text is None:
             return default
         # Plain ASCII digits only: int() would also take " 5", "1_0" and other digits.
         value = int(text) if text.isascii() and text.isdigit() and len(text) < 19 else -1
-        if value < minimum:
-            raise SessionError(f"header {name}:{text!r} must be an integer >= {minimum}")
+        if value < minimum or (maximum is not None and value > maximum):
+            allowed = f">= {minimum}" if maximum is None else f"from {minimum} to {maximum}"
+            raise SessionError(f"header {name}:{text!r} must be an integer {allowed}")
         return value
 
     def _transaction_of(self, frame: Frame) -> _Transaction | None:

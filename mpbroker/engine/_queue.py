@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections import deque
 from dataclasses import dataclass, field
 
 import msgspec
@@ -18,12 +17,13 @@ from mpbroker.records import (
 )
 
 from ._common import Consumer, Engine, Outbox
+from ._pending import Pending
 
 
 @dataclass(eq=False)
 class _Queue:
     name: str
-    pending: deque[Message] = field(default_factory=deque)
+    pending: Pending = field(default_factory=Pending)
     consumers: list[Consumer] = field(default_factory=list)
     next_consumer: int = 0
     # Messages held: pending plus delivered-but-unsettled.
@@ -53,6 +53,10 @@ class QueueEngine(Engine):
         # settled (acknowledged) and returned (delivered, then back in the queue).
         self.settled_seqs: list[int] = []
         self.returned_seqs: list[int] = []
+        self.expired_seqs: list[int] = []
+        # The worker's clock, set before each batch (the engine reads no clock itself).
+        self.now_ms = 0
+        self.expired = 0
 
     # -- producers -----------------------------------------------------------------------
 
@@ -152,12 +156,30 @@ class QueueEngine(Engine):
     def _requeue(self, queue: _Queue, messages: list[Message]) -> None:
         """Delivered messages come back to the head of the queue, in their order."""
         self.returned_seqs.extend(m.seq for m in messages if m.seq)
-        queue.pending.extendleft(_redelivery(m) for m in reversed(messages))
+        queue.pending.extendleft(_redelivery(m) for m in messages)
 
-    def _forget(self, queue: _Queue, messages: list[Message]) -> None:
+    def _forget(self, queue: _Queue, messages: list[Message], *, expired: bool = False) -> None:
+        """Messages leave the store: acknowledged (or consumed at most once), or expired."""
         queue.held_messages -= len(messages)
         self.held_bytes -= sum(m.size for m in messages)
-        self.settled_seqs.extend(m.seq for m in messages if m.seq)
+        seqs = self.expired_seqs if expired else self.settled_seqs
+        seqs.extend(m.seq for m in messages if m.seq)
+
+    def expire_scan(self, now_ms: int) -> int:
+        """Remove every waiting message whose time is up; returns how many.
+
+        Delivered, unacknowledged messages are left to their consumer.
+        """
+        total = 0
+        for queue in list(self.queues.values()):
+            doomed = {m.message_id for m in queue.pending if 0 < m.expires_ms <= now_ms}
+            if doomed:
+                removed = queue.pending.remove_where(doomed)
+                self._forget(queue, removed, expired=True)
+                self.expired += len(removed)
+                total += len(removed)
+                self._drop_if_idle(queue)
+        return total
 
     def _dispatch(self, queue: _Queue) -> None:
         """Hand pending messages to ready consumers, round robin."""
@@ -166,6 +188,7 @@ class QueueEngine(Engine):
         if not count:
             return
         pending = queue.pending
+        expiry_on_read = self.settings.expiry_on_read
         misses = 0
         index = queue.next_consumer
         while pending and misses < count:
@@ -176,6 +199,12 @@ class QueueEngine(Engine):
                 continue
             misses = 0
             message = pending.popleft()
+            if message.expires_ms and message.expires_ms <= self.now_ms and expiry_on_read:
+                # Never deliver an expired message.
+                self._forget(queue, [message], expired=True)
+                self.expired += 1
+                index -= 1  # this consumer was not served
+                continue
             consumer.unacked[message.message_id] = message
             gateway, conn, sub = consumer.key
             self.outbox.add(gateway, Deliver([(conn, sub)], message))

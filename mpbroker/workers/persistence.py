@@ -35,6 +35,11 @@ class QueuePersistence:
         self.engine = engine
         self.outbox = outbox
         commit = config.store
+        self.cleanup_batch = commit.cleanup_batch
+        self.cleanup_gap_ms = commit.cleanup_gap_ms
+        # Expired messages still to be settled in the store, a batch per cleanup_gap_ms.
+        self.expired_backlog: list[int] = []
+        self.next_cleanup_ms = 0
         self.buffer: CommitBuffer[tuple[int, Send]] = CommitBuffer(
             commit.commit_max_delay_ms,
             commit.commit_max_messages if commit.group_commit else 1,
@@ -93,9 +98,14 @@ class QueuePersistence:
             self.engine.handle(gateway, record)
 
     def due_in_s(self) -> float | None:
-        """Seconds until the buffer's delay runs out (None if it is empty)."""
-        due = self.buffer.due_in_ms(_now_ms())
-        return None if due is None else due / 1000
+        """Seconds until there is store work to do: the commit buffer's delay runs out, or
+        the next cleanup batch is allowed (None if there is nothing waiting)."""
+        now = _now_ms()
+        dues = [self.buffer.due_in_ms(now)]
+        if self.expired_backlog:
+            dues.append(max(0, self.next_cleanup_ms - now))
+        known = [d for d in dues if d is not None]
+        return min(known) / 1000 if known else None
 
     def commit_if_due(self) -> None:
         due = self.buffer.due_in_ms(_now_ms())
@@ -103,13 +113,25 @@ class QueuePersistence:
             self.commit()
 
     def write_back(self) -> None:
-        """Record what the engine settled and returned since the last call."""
+        """Record what the engine settled, returned and expired since the last call.
+
+        Expired messages are settled in transactions of at most `cleanup_batch`, with
+        `cleanup_gap_ms` between them, so a mass expiry never stalls delivery.
+        """
         engine = self.engine
+        now = _now_ms()
+        self.expired_backlog.extend(engine.expired_seqs)
+        engine.expired_seqs.clear()
         try:
             if engine.settled_seqs:
-                self.store.settle(engine.settled_seqs, "acked", _now_ms())
+                self.store.settle(engine.settled_seqs, "acked", now)
             if engine.returned_seqs:
                 self.store.record_delivery(engine.returned_seqs)
+            if self.expired_backlog and now >= self.next_cleanup_ms:
+                chunk = self.expired_backlog[: self.cleanup_batch]
+                del self.expired_backlog[: self.cleanup_batch]
+                self.store.settle(chunk, "expired", now)
+                self.next_cleanup_ms = now + self.cleanup_gap_ms
         except StoreError as exc:
             # The messages stay live in the store and come back after a restart, marked
             # redelivered: at least once, as promised for persistent messages.

@@ -75,6 +75,7 @@ class Pipeline:
         self.unregistered: set[int] = set(range(layout.gateways)) if spec.incarnation else set()
         self.held: list[tuple[int, records.Record]] = []
         self.hold_until = time.monotonic() + _HOLD_TIMEOUT_S
+        self.next_expiry_scan_ms = 0
         self.engine: Engine
         self.persistence: QueuePersistence | None = None
         if spec.role == "p2p":
@@ -95,6 +96,8 @@ class Pipeline:
 
     def step(self) -> bool:
         """Handle one batch from every ring; True if there was anything to do."""
+        if self.persistence is not None:
+            self._expiry(int(time.time() * 1000))
         batch_records = self.spec.config.rings.batch_records
         handle = self.engine.handle
         decode = records.decode
@@ -134,6 +137,19 @@ class Pipeline:
             self.persistence.write_back()
         self.flush()
         return busy
+
+    def _expiry(self, now_ms: int) -> None:
+        """Keep the queue engine's clock, and scan for expired messages on schedule."""
+        engine = self.persistence.engine if self.persistence is not None else None
+        if engine is None:
+            return
+        engine.now_ms = now_ms
+        interval = self.spec.config.queues.expiry_scan_interval_s
+        if interval and now_ms >= self.next_expiry_scan_ms:
+            self.next_expiry_scan_ms = now_ms + int(interval * 1000)
+            expired = engine.expire_scan(now_ms)
+            if expired:
+                log.info("expired %d messages", expired)
 
     def _release_held(self) -> None:
         if self.unregistered:

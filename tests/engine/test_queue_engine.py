@@ -903,3 +903,21 @@ def test_a_refused_send_leaves_no_queue_behind() -> None:
     engine = make_engine(max_bytes=4)
     engine.handle(0, send(1, "m1", "/queue/new", body=b"12345"))
     assert "/queue/new" not in engine.queues
+
+
+def test_expired_messages_are_dropped_on_read_and_by_the_scan() -> None:
+    engine = make_engine()
+    engine.now_ms = 10_000
+    expired = make_message("old")
+    expired.expires_ms = 5_000
+    engine.handle(9, Send(1, expired))
+    later = make_message("later")
+    later.expires_ms = 20_000
+    engine.handle(9, Send(1, later))
+    assert engine.expire_scan(10_000) == 1
+    assert engine.depth(Q) == 1
+    engine.now_ms = 30_000  # `later` has expired by the time a consumer comes
+    engine.handle(0, subscribe(1, 1))
+    assert delivered_messages(engine.outbox.take()) == []
+    assert engine.depth(Q) == 0 and engine.held_bytes == 0
+    assert engine.expired == 2

@@ -1,0 +1,66 @@
+"""Messages waiting in a queue, highest JMS priority first, FIFO within a priority."""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterable, Iterator
+
+from mpbroker.records import Message
+
+__all__ = ["HIGHEST_PRIORITY", "LOWEST_PRIORITY", "Pending"]
+
+LOWEST_PRIORITY = 0
+HIGHEST_PRIORITY = 9
+
+
+class Pending:
+    """A deque per JMS priority (0-9). `popleft` takes from the highest non-empty one.
+
+    Messages that come back (NACK, a consumer gone) go to the head of their own priority,
+    in their original order, so redelivery keeps FIFO within each priority.
+    """
+
+    __slots__ = ("_count", "_levels")
+
+    def __init__(self) -> None:
+        self._levels = [deque[Message]() for _ in range(HIGHEST_PRIORITY + 1)]
+        self._count = 0
+
+    def __len__(self) -> int:
+        return self._count
+
+    def __bool__(self) -> bool:
+        return self._count > 0
+
+    def __iter__(self) -> Iterator[Message]:
+        """In delivery order."""
+        for level in reversed(self._levels):
+            yield from level
+
+    def append(self, message: Message) -> None:
+        self._levels[message.priority].append(message)
+        self._count += 1
+
+    def popleft(self) -> Message:
+        for level in reversed(self._levels):
+            if level:
+                self._count -= 1
+                return level.popleft()
+        raise IndexError("pop from empty Pending")
+
+    def extendleft(self, messages: Iterable[Message]) -> None:
+        """Put `messages` (given in their original order) back at the head of their levels."""
+        for message in reversed(list(messages)):
+            self._levels[message.priority].appendleft(message)
+            self._count += 1
+
+    def remove_where(self, doomed: set[str]) -> list[Message]:
+        """Take out the messages whose ids are in `doomed` (e.g. expired); returns them."""
+        removed: list[Message] = []
+        for i, level in enumerate(self._levels):
+            if any(m.message_id in doomed for m in level):
+                keep = deque(m for m in level if m.message_id not in doomed)
+                removed.extend(m for m in level if m.message_id in doomed)
+                self._levels[i] = keep
+        self._count -= len(removed)
+        return removed

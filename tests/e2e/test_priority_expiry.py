@@ -1,0 +1,102 @@
+"""JMS priorities and message expiry end to end, for stored and in-memory queue messages."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+import pytest
+
+from tests.broker import BrokerProcess, RawClient
+
+RawFactory = Callable[[BrokerProcess], RawClient]
+
+
+def send_all(
+    client: RawClient, destination: str, messages: list[tuple[bytes, dict[str, str]]]
+) -> None:
+    for n, (body, headers) in enumerate(messages):
+        client.send("SEND", {"destination": destination, "receipt": f"r{n}", **headers}, body)
+    for _ in messages:
+        assert client.recv().command == "RECEIPT"
+
+
+@pytest.mark.parametrize("persistent", ["true", "false"])
+def test_higher_priority_first_fifo_within_a_priority(
+    broker: BrokerProcess, raw: RawFactory, persistent: str
+) -> None:
+    destination = f"/queue/prio-{persistent}"
+    client = raw(broker)
+    client.connect()
+    plan = [
+        (b"low-1", "1"),
+        (b"mid-1", "4"),
+        (b"high-1", "9"),
+        (b"mid-2", "4"),
+        (b"high-2", "9"),
+        (b"default", ""),
+    ]
+    send_all(
+        client,
+        destination,
+        [(body, {"persistent": persistent, **({"priority": p} if p else {})}) for body, p in plan],
+    )
+    client.send("SUBSCRIBE", {"destination": destination, "id": "s"})
+    got = [client.recv().body for _ in plan]
+    assert got == [b"high-1", b"high-2", b"mid-1", b"mid-2", b"default", b"low-1"]
+
+
+@pytest.mark.parametrize("persistent", ["true", "false"])
+def test_expired_messages_are_never_delivered(
+    broker: BrokerProcess, raw: RawFactory, persistent: str
+) -> None:
+    destination = f"/queue/expiry-{persistent}"
+    client = raw(broker)
+    client.connect()
+    past = str(int(time.time() * 1000) - 1000)
+    send_all(
+        client,
+        destination,
+        [
+            (b"ttl", {"persistent": persistent, "ttl": "100"}),
+            (b"expires", {"persistent": persistent, "expires": past}),
+            (b"keeps", {"persistent": persistent, "ttl": "600000"}),
+            (b"forever", {"persistent": persistent}),
+        ],
+    )
+    time.sleep(0.3)
+    client.send("SUBSCRIBE", {"destination": destination, "id": "s"})
+    assert [client.recv().body, client.recv().body] == [b"keeps", b"forever"]
+    with pytest.raises(AssertionError):
+        client.recv(timeout=0.5)
+
+
+def test_bad_priority_is_refused(broker: BrokerProcess, raw: RawFactory) -> None:
+    client = raw(broker)
+    client.connect()
+    client.send("SEND", {"destination": "/queue/p", "priority": "11", "receipt": "r"}, b"x")
+    frames = client.recv_until_closed()
+    assert frames[0].headers["message"] == "header priority:'11' must be an integer from 0 to 9"
+
+
+def test_expiry_scan_settles_stored_messages_for_good(
+    start_broker: type[BrokerProcess], raw: RawFactory
+) -> None:
+    config = "[queues]\nexpiry_scan_interval_s = 0.2\n"
+    broker = start_broker("--gateways", "1", config=config)
+    client = raw(broker)
+    client.connect()
+    send_all(
+        client,
+        "/queue/scan",
+        [(b"short", {"persistent": "true", "ttl": "200"}), (b"long", {"persistent": "true"})],
+    )
+    broker.wait_for_log(r"expired 1 messages")
+    broker.kill()
+    again = start_broker("--gateways", "1", config=config, data_dir=broker.data_dir)
+    consumer = raw(again)
+    consumer.connect()
+    consumer.send("SUBSCRIBE", {"destination": "/queue/scan", "id": "s"})
+    assert consumer.recv().body == b"long"
+    with pytest.raises(AssertionError):
+        consumer.recv(timeout=0.5)
