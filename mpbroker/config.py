@@ -141,6 +141,15 @@ class QueueSettings:
         "most message bytes all queues of one p2p worker hold (the VolQueueStore)",
         min=1,
     )
+    # ActiveMQ's RedeliveryPolicy default.
+    max_redeliveries: int = _setting(
+        6,
+        "a message returned more often than this goes to the dead-letter queue (-1 = never)",
+        min=-1,
+    )
+    dead_letter_prefix: str = _setting(
+        "DLQ.", "dead letters of /queue/NAME go to /queue/<prefix>NAME"
+    )
     expiry_on_read: bool = _setting(
         True, "drop expired messages met while dispatching, without waiting for the scan"
     )
@@ -321,6 +330,13 @@ def config_from_mapping(data: Mapping[str, Any]) -> Config:
 
 def _check_consistency(config: Config) -> None:
     """Limits that contradict each other are refused, naming both numbers."""
+    prefix = config.queues.dead_letter_prefix
+    if not prefix or any(c in prefix for c in "/\r\n:") or prefix != prefix.strip():
+        raise ConfigError(
+            "queues.dead_letter_prefix",
+            prefix,
+            "must be a non-empty name part without '/', ':', spaces at its ends or line breaks",
+        )
     cap = config.rings.capacity_bytes
     if cap & (cap - 1):
         raise ConfigError("rings.capacity_bytes", cap, "must be a power of two")

@@ -44,8 +44,13 @@ def parse_destination(destination: str) -> tuple[DestinationKind, str]:
 
 
 @functools.lru_cache(maxsize=65536)
-def _owner(p2p: int, pubsub: int, destination: str) -> int:
+def _owner(p2p: int, pubsub: int, dead_letter_prefix: str, destination: str) -> int:
     kind, name = parse_destination(destination)
+    if kind == "queue" and dead_letter_prefix:
+        # A dead-letter queue lives with its queue, so moving a message there stays
+        # inside one pipeline: DLQ.orders is owned by whoever owns orders.
+        while name.startswith(dead_letter_prefix) and len(name) > len(dead_letter_prefix):
+            name = name[len(dead_letter_prefix) :]
     digest = zlib.crc32(name.encode())
     if kind == "queue":
         return digest % p2p
@@ -56,6 +61,7 @@ def _owner(p2p: int, pubsub: int, destination: str) -> int:
 class Topology:
     p2p: int
     pubsub: int
+    dead_letter_prefix: str = "DLQ."
 
     @property
     def pipelines(self) -> int:
@@ -64,7 +70,7 @@ class Topology:
     def owner(self, destination: str) -> int:
         """Index of the pipeline that owns `destination` (UnknownDestination if invalid)."""
         # Every SEND asks this: remember the answer for the destinations in use.
-        return _owner(self.p2p, self.pubsub, destination)
+        return _owner(self.p2p, self.pubsub, self.dead_letter_prefix, destination)
 
     def role(self, pipeline: int) -> tuple[str, int]:
         """('p2p', i) or ('pubsub', j) for a pipeline index."""

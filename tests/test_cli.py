@@ -204,6 +204,7 @@ def test_config_show_escapes_strings(data_dir: str, capsys: pytest.CaptureFixtur
 
 
 def test_sample_config_lists_every_setting_and_loads(capsys: pytest.CaptureFixture[str]) -> None:
+    # Regenerate with `bash ops/sample-config.sh` after adding a setting.
     sample = Path(__file__).parent.parent / "ops" / "mpbroker.toml"
     assert load_config(sample) == Config()
     assert main(["config", "show"]) == 0

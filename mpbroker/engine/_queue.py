@@ -30,6 +30,10 @@ class _Queue:
     held_messages: int = 0
 
 
+def _is_dead_letter_queue(destination: str, prefix: str) -> bool:
+    return destination.startswith("/queue/" + prefix)
+
+
 def _redelivery(message: Message) -> Message:
     return msgspec.structs.replace(message, redelivered=True, deliveries=message.deliveries + 1)
 
@@ -54,6 +58,9 @@ class QueueEngine(Engine):
         self.settled_seqs: list[int] = []
         self.returned_seqs: list[int] = []
         self.expired_seqs: list[int] = []
+        # Persistent dead letters, as (original's seq, copy for the dead-letter queue):
+        # the worker stores the copy, settles the original, then `enqueue_dead_letters`.
+        self.dead_letters: list[tuple[int, Message]] = []
         # The worker's clock, set before each batch (the engine reads no clock itself).
         self.now_ms = 0
         self.expired = 0
@@ -154,9 +161,51 @@ class QueueEngine(Engine):
         self._dispatch(queue)
 
     def _requeue(self, queue: _Queue, messages: list[Message]) -> None:
-        """Delivered messages come back to the head of the queue, in their order."""
-        self.returned_seqs.extend(m.seq for m in messages if m.seq)
-        queue.pending.extendleft(_redelivery(m) for m in messages)
+        """Delivered messages come back to the head of the queue, in their order; one
+        returned more than `max_redeliveries` times goes to the dead-letter queue."""
+        limit = self.settings.max_redeliveries
+        prefix = self.settings.dead_letter_prefix
+        back: list[Message] = []
+        for message in messages:
+            again = _redelivery(message)
+            if 0 <= limit < again.deliveries and not _is_dead_letter_queue(queue.name, prefix):
+                self._dead_letter(queue, again, limit)
+            else:
+                back.append(again)
+        self.returned_seqs.extend(m.seq for m in back if m.seq)
+        queue.pending.extendleft(back)
+
+    def _dead_letter(self, queue: _Queue, message: Message, limit: int) -> None:
+        name = queue.name[len("/queue/") :]
+        dead_letter_queue = f"/queue/{self.settings.dead_letter_prefix}{name}"
+        headers = {
+            **message.headers,
+            "original-destination": queue.name,
+            "dead-letter-reason": f"max_redeliveries {limit} exceeded "
+            f"({message.deliveries} deliveries)",
+        }
+        copy = msgspec.structs.replace(
+            message,
+            destination=dead_letter_queue,
+            headers=headers,
+            seq=0,
+            deliveries=0,
+            redelivered=False,
+        )
+        # The original leaves its queue: accounted like a settled message.
+        queue.held_messages -= 1
+        self.held_bytes -= message.size
+        if message.seq:
+            self.dead_letters.append((message.seq, copy))
+        else:
+            self.enqueue_dead_letters([copy])
+
+    def enqueue_dead_letters(self, messages: list[Message]) -> None:
+        """Dead-letter copies join their dead-letter queues (past the queue limits: a
+        dead letter is never refused or dropped)."""
+        for message in messages:
+            message.size = message_size(message)
+            self._enqueue(message)
 
     def _forget(self, queue: _Queue, messages: list[Message], *, expired: bool = False) -> None:
         """Messages leave the store: acknowledged (or consumed at most once), or expired."""

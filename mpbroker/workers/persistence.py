@@ -112,6 +112,27 @@ class QueuePersistence:
         if due is not None and due <= 0:
             self.commit()
 
+    def _move_dead_letters(self, now: int) -> None:
+        """Store the dead-letter copies, then settle their originals.
+
+        In that order: a crash in between leaves a duplicate (at least once), never a loss.
+        If the copies cannot be stored, the originals stay in the store (they come back
+        in their queue after a restart) and the copies are kept in memory meanwhile.
+        """
+        engine = self.engine
+        pairs, engine.dead_letters = engine.dead_letters, []
+        copies = [copy for _, copy in pairs]
+        try:
+            seqs = self.store.append(copies)
+        except StoreError as exc:
+            log.error("store error, dead letters kept in memory only: %s", exc)
+            engine.enqueue_dead_letters(copies)
+            return
+        for copy, seq in zip(copies, seqs, strict=True):
+            copy.seq = seq
+        engine.enqueue_dead_letters(copies)
+        self.store.settle([original for original, _ in pairs], "dead-lettered", now)
+
     def write_back(self) -> None:
         """Record what the engine settled, returned and expired since the last call.
 
@@ -123,6 +144,8 @@ class QueuePersistence:
         self.expired_backlog.extend(engine.expired_seqs)
         engine.expired_seqs.clear()
         try:
+            if engine.dead_letters:
+                self._move_dead_letters(now)
             if engine.settled_seqs:
                 self.store.settle(engine.settled_seqs, "acked", now)
             if engine.returned_seqs:

@@ -71,7 +71,7 @@ class Supervisor:
         self.layout = Layout(
             self.instance,
             broker.gateway_count(),
-            Topology(broker.p2p_workers, broker.pubsub_workers),
+            Topology(broker.p2p_workers, broker.pubsub_workers, config.queues.dead_letter_prefix),
         )
         self.ctx = multiprocessing.get_context("spawn")
         self.workers: list[_Worker] = []

@@ -106,3 +106,46 @@ def test_persistent_round_trip_with_and_without_group_commit(
     frames = client.recv_until_closed()
     assert [f.body for f in frames if f.command == "MESSAGE"] == [b"%d" % n for n in range(50)]
     assert frames[-1].command == "RECEIPT"
+
+
+@pytest.mark.parametrize("persistent", ["true", "false"])
+def test_a_message_that_keeps_failing_goes_to_the_dead_letter_queue(
+    start_broker: type[BrokerProcess], raw: RawFactory, persistent: str
+) -> None:
+    broker = start_broker("--gateways", "1", config="[queues]\nmax_redeliveries = 1\n")
+    client = raw(broker)
+    client.connect()
+    client.send(
+        "SEND",
+        {"destination": "/queue/poison", "persistent": persistent, "receipt": "r"},
+        b"poison",
+    )
+    assert client.recv().command == "RECEIPT"
+    client.send(
+        "SUBSCRIBE", {"destination": "/queue/poison", "id": "p", "ack": "client-individual"}
+    )
+    for _ in range(2):  # first delivery and one redelivery, both refused
+        frame = client.recv()
+        client.send("NACK", {"id": frame.headers["ack"]})
+    client.send(
+        "SUBSCRIBE",
+        {"destination": "/queue/DLQ.poison", "id": "d", "ack": "client-individual"},
+    )
+    letter = client.recv()
+    assert letter.headers["subscription"] == "d" and letter.body == b"poison"
+    assert letter.headers["original-destination"] == "/queue/poison"
+    assert letter.headers["dead-letter-reason"] == "max_redeliveries 1 exceeded (2 deliveries)"
+    if persistent == "true":
+        # The dead letter is stored: it outlives the broker; the original does not return.
+        broker.kill()
+        again = start_broker(
+            "--gateways", "1", config="[queues]\nmax_redeliveries = 1\n", data_dir=broker.data_dir
+        )
+        consumer = raw(again)
+        consumer.connect()
+        consumer.send("SUBSCRIBE", {"destination": "/queue/poison", "id": "p"})
+        consumer.send("SUBSCRIBE", {"destination": "/queue/DLQ.poison", "id": "d"})
+        frame = consumer.recv()
+        assert (frame.headers["subscription"], frame.body) == ("d", b"poison")
+        with pytest.raises(AssertionError):
+            consumer.recv(timeout=0.5)

@@ -554,7 +554,9 @@ class QueueEngineMachine(RuleBasedStateMachine):
     @initialize()
     def start(self) -> None:
         self.engine = QueueEngine(
-            QueueSettings(prefetch=3, max_messages=MAX_MESSAGES, max_bytes=MAX_BYTES),
+            QueueSettings(
+                prefetch=3, max_messages=MAX_MESSAGES, max_bytes=MAX_BYTES, max_redeliveries=-1
+            ),
             PIPELINE,
             Outbox(),
         )
@@ -921,3 +923,24 @@ def test_expired_messages_are_dropped_on_read_and_by_the_scan() -> None:
     assert delivered_messages(engine.outbox.take()) == []
     assert engine.depth(Q) == 0 and engine.held_bytes == 0
     assert engine.expired == 2
+
+
+def test_a_message_returned_too_often_goes_to_the_dead_letter_queue() -> None:
+    engine = make_engine(max_redeliveries=2)
+    engine.handle(0, subscribe(1, 1, ack_mode=ACK_INDIVIDUAL))
+    engine.handle(9, send(1, "m1"))
+    for _ in range(3):  # delivered, then NACKed three times: the third return is one too many
+        [message] = delivered_messages(engine.outbox.take())
+        engine.handle(0, Nack(1, 1, message.message_id))
+    assert engine.depth(Q) == 0
+    dead = engine.queues["/queue/DLQ.q"].pending
+    [letter] = list(dead)
+    assert letter.message_id == "m1" and not letter.redelivered
+    assert letter.headers["original-destination"] == Q
+    assert letter.headers["dead-letter-reason"] == "max_redeliveries 2 exceeded (3 deliveries)"
+    # A dead letter that fails again stays in its dead-letter queue.
+    engine.handle(0, subscribe(1, 2, ack_mode=ACK_INDIVIDUAL, destination="/queue/DLQ.q"))
+    for _ in range(4):
+        [message] = delivered_messages(engine.outbox.take())
+        engine.handle(0, Nack(1, 2, message.message_id))
+    assert engine.depth("/queue/DLQ.q") + len(engine.consumers[(0, 1, 2)].unacked) == 1
