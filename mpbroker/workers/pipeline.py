@@ -77,13 +77,14 @@ class Pipeline:
         self.hold_until = time.monotonic() + _HOLD_TIMEOUT_S
         self.next_expiry_scan_ms = 0
         self.engine: Engine
+        self.queue_engine: QueueEngine | None = None
         self.persistence: QueuePersistence | None = None
         if spec.role == "p2p":
             engine = QueueEngine(config.queues, spec.index, self.outbox)
             store_dir = Path(config.broker.data_dir) / f"p2p-{spec.index}"
             store = MessageStore.open(store_dir, config.store)
             self.persistence = QueuePersistence(store, engine, self.outbox, config)
-            self.engine = engine
+            self.engine = self.queue_engine = engine
         else:
             self.engine = TopicEngine(config.topics, spec.index, self.outbox)
 
@@ -96,10 +97,8 @@ class Pipeline:
 
     def step(self) -> bool:
         """Handle one batch from every ring; True if there was anything to do."""
-        if self.persistence is not None:
-            self._expiry(int(time.time() * 1000))
+        self._expiry(int(time.time() * 1000))
         batch_records = self.spec.config.rings.batch_records
-        handle = self.engine.handle
         decode = records.decode
         busy = False
         for gateway, reader in enumerate(self.readers):
@@ -109,14 +108,6 @@ class Pipeline:
             busy = True
             for kind, payload in batch:
                 record = decode(kind, payload)
-                if self.persistence is not None:
-                    if isinstance(record, Send) and record.message.persistent:
-                        if not self.unregistered:
-                            self.persistence.offer(gateway, record)
-                            continue
-                    elif isinstance(record, Barrier):
-                        # A barrier answers for every earlier frame: commit them first.
-                        self.persistence.commit()
                 if isinstance(record, Hello):
                     # That gateway restarted: what we still owed its old connections is moot.
                     self.backlog[gateway].clear()
@@ -129,7 +120,7 @@ class Pipeline:
                         self.held.append((gateway, record))
                         continue
                 if not isinstance(record, Registered):
-                    handle(gateway, record)
+                    self._handle(gateway, record)
         if self.held and (not self.unregistered or time.monotonic() > self.hold_until):
             self._release_held()
         if self.persistence is not None:
@@ -138,9 +129,19 @@ class Pipeline:
         self.flush()
         return busy
 
+    def _handle(self, gateway: int, record: records.Record) -> None:
+        if self.persistence is not None:
+            if isinstance(record, Send) and record.message.persistent:
+                self.persistence.offer(gateway, record)  # the engine gets it once stored
+                return
+            if isinstance(record, Barrier):
+                # A barrier answers for every earlier frame: commit those first.
+                self.persistence.commit()
+        self.engine.handle(gateway, record)
+
     def _expiry(self, now_ms: int) -> None:
         """Keep the queue engine's clock, and scan for expired messages on schedule."""
-        engine = self.persistence.engine if self.persistence is not None else None
+        engine = self.queue_engine
         if engine is None:
             return
         engine.now_ms = now_ms
@@ -161,14 +162,7 @@ class Pipeline:
             self.unregistered.clear()
         held, self.held = self.held, []
         for gateway, record in held:
-            if (
-                self.persistence is not None
-                and isinstance(record, Send)
-                and record.message.persistent
-            ):
-                self.persistence.offer(gateway, record)
-            else:
-                self.engine.handle(gateway, record)
+            self._handle(gateway, record)
 
     def flush(self) -> None:
         for gateway, batch in self.outbox.take().items():
