@@ -25,6 +25,7 @@ from mpbroker.client._session import (
     Delivery,
     Outgoing,
     ReceiptReceived,
+    SessionView,
     State,
     SubscriptionInfo,
 )
@@ -107,7 +108,7 @@ async def open_connection(
         raise failure
 
 
-class AsyncConnection:
+class AsyncConnection(SessionView):
     """A connected STOMP session in trio; make one with :func:`open_connection`.
 
     Same operations and errors as the sync :class:`~mpbroker.client.Connection`, as
@@ -136,25 +137,6 @@ class AsyncConnection:
         self._timer_scope = trio.CancelScope()
 
     # --- public state ----------------------------------------------------------------------
-
-    @property
-    def version(self) -> str:
-        """The STOMP version the server chose."""
-        return self._session.version
-
-    @property
-    def server_headers(self) -> dict[str, str]:
-        """The headers of the server's CONNECTED frame."""
-        return self._session.server_headers
-
-    @property
-    def closed(self) -> bool:
-        return self._session.closed
-
-    @property
-    def error(self) -> StompError | None:
-        """The ERROR the server sent, if any (it closed the connection)."""
-        return self._session.error
 
     def __repr__(self) -> str:
         return f"<AsyncConnection {self._peer} {self._session.state.value} STOMP {self.version}>"

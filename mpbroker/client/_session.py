@@ -101,6 +101,31 @@ class SubscriptionInfo:
     ack_mode: str
 
 
+class SessionView:
+    """The read-only state both connection shells expose, from their `_session`."""
+
+    _session: ClientSession
+
+    @property
+    def version(self) -> str:
+        """The STOMP version the server chose."""
+        return self._session.version
+
+    @property
+    def server_headers(self) -> dict[str, str]:
+        """The headers of the server's CONNECTED frame."""
+        return self._session.server_headers
+
+    @property
+    def closed(self) -> bool:
+        return self._session.closed
+
+    @property
+    def error(self) -> StompError | None:
+        """The ERROR the server sent, if any (it closed the connection)."""
+        return self._session.error
+
+
 class ClientSession:
     """Client side of one STOMP connection, without I/O.
 

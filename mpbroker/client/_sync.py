@@ -29,6 +29,7 @@ from mpbroker.client._session import (
     Delivery,
     Outgoing,
     ReceiptReceived,
+    SessionView,
     State,
     SubscriptionInfo,
 )
@@ -91,7 +92,7 @@ def connect(
     return conn
 
 
-class Connection:
+class Connection(SessionView):
     """A connected STOMP session; make one with :func:`connect`.
 
     A context manager: leaving the ``with`` block disconnects. Every method may be called from
@@ -114,25 +115,6 @@ class Connection:
         self._timer: threading.Thread | None = None
 
     # --- public state ----------------------------------------------------------------------
-
-    @property
-    def version(self) -> str:
-        """The STOMP version the server chose."""
-        return self._session.version
-
-    @property
-    def server_headers(self) -> dict[str, str]:
-        """The headers of the server's CONNECTED frame."""
-        return self._session.server_headers
-
-    @property
-    def closed(self) -> bool:
-        return self._session.closed
-
-    @property
-    def error(self) -> StompError | None:
-        """The ERROR the server sent, if any (it closed the connection)."""
-        return self._session.error
 
     def __repr__(self) -> str:
         return f"<Connection {self._peer} {self._session.state.value} STOMP {self.version}>"
