@@ -186,8 +186,10 @@ def test_sigterm_tells_clients_and_leaves_shm_clean(
 def test_kill_9_of_the_whole_broker_next_start_sweeps(start_broker: type[BrokerProcess]) -> None:
     dead = start_broker("--gateways", "1")
     dead.kill()
-    left = dead.shm_entries()
-    assert left, "kill -9 leaves segments behind (that is the point of the sweep)"
+    if not dead.shm_entries():
+        # kill -9 leaves segments behind (that is the point of the sweep), unless another
+        # broker starting on this machine at this moment swept them already.
+        pytest.skip("another broker's start swept the dead instance's segments first")
     assert (
         not psutil.pid_exists(dead.pid) or psutil.Process(dead.pid).status() == psutil.STATUS_ZOMBIE
     )
