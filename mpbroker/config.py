@@ -79,6 +79,13 @@ class BrokerSettings:
     shutdown_timeout_ms: int = _setting(
         10000, "how long SIGTERM waits for workers before killing them", min=0
     )
+    # Workers beat at least every rings.park_timeout_ms when idle and after every batch
+    # when busy; a long silence means a hung process (a deadlock, a stuck system call).
+    worker_stall_timeout_ms: int = _setting(
+        15000,
+        "a worker whose heartbeat is older than this is killed and restarted (0 = off)",
+        min=0,
+    )
     restart_backoff_max_ms: int = _setting(
         5000, "longest wait before restarting a worker that keeps crashing", min=0
     )

@@ -402,6 +402,7 @@ async def _main(spec: WorkerSpec) -> None:
         await gateway.route([(p, hello) for p in range(len(gateway.ports))])
         gateway.slot.pid = os.getpid()
         gateway.slot.incarnation = spec.incarnation
+        gateway.slot.beat()  # before READY: the supervisor judges ready workers by it
         gateway.slot.state = STATE_READY
         with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
             async with trio.open_nursery() as nursery:

@@ -190,6 +190,7 @@ class Pipeline:
         self.announce()
         self.slot.pid = os.getpid()
         self.slot.incarnation = self.spec.incarnation
+        self.slot.beat()  # before READY: the supervisor judges ready workers by it
         self.slot.state = STATE_READY
         while True:
             busy = self.step()

@@ -28,6 +28,7 @@ from mpbroker.shm import (
     ControlBlock,
     Doorbell,
     Ring,
+    monotonic_ms,
     remove_instance,
     sweep_stale,
 )
@@ -234,6 +235,7 @@ class Supervisor:
             if self.stop_requested():
                 break
             now = time.monotonic()
+            self.kill_stalled()
             for worker in self.workers:
                 process = worker.process
                 if process is not None and not process.is_alive():
@@ -274,6 +276,33 @@ class Supervisor:
                         worker.process.pid if worker.process else "?",
                         worker.incarnation,
                     )
+
+    def kill_stalled(self) -> None:
+        """Kill ready workers whose heartbeat stopped; the watch loop then restarts them."""
+        assert self.control is not None
+        limit = self.config.broker.worker_stall_timeout_ms
+        if not limit:
+            return
+        now = monotonic_ms()
+        for worker in self.workers:
+            process = worker.process
+            if process is None or not process.is_alive():
+                continue
+            slot = self.control.slot(self._slot_index(worker))
+            if slot.state != STATE_READY:
+                continue
+            silent = now - slot.heartbeat_ms
+            if silent > limit:
+                log.error(
+                    "%s (pid %s) stalled: no heartbeat for %d ms (worker_stall_timeout_ms %d); "
+                    "killing it",
+                    worker.spec_title,
+                    process.pid,
+                    silent,
+                    limit,
+                )
+                process.kill()
+                process.join(5)
 
     # -- stopping ------------------------------------------------------------------------
 

@@ -240,3 +240,12 @@ def test_a_second_broker_on_the_same_port_is_refused(
         assert client.connect().command == "CONNECTED"
     finally:
         client.close()
+
+
+def test_a_hung_worker_is_killed_and_restarted(start_broker: type[BrokerProcess]) -> None:
+    broker = start_broker("--gateways", "1", config="[broker]\nworker_stall_timeout_ms = 1000\n")
+    victim = broker.workers()["pubsub 0"]
+    victim.send_signal(signal.SIGSTOP)  # alive, but its heartbeat stops
+    broker.wait_for_log(rf"pubsub 0 \(pid {victim.pid}\) stalled: no heartbeat for \d+ ms")
+    broker.wait_for_worker("pubsub 0", not_pid=victim.pid)
+    assert not psutil.pid_exists(victim.pid) or victim.status() == psutil.STATUS_ZOMBIE
