@@ -80,3 +80,16 @@ def test_client_ack_topic_subscriber_window(broker: BrokerProcess, raw: RawFacto
     for frame in first:
         slow.send("ACK", {"id": frame.headers["ack"]})
     assert [slow.recv().body, slow.recv().body] == [b"2", b"3"]
+
+
+def test_persistent_topic_messages_reach_connected_subscribers(
+    broker: BrokerProcess, raw: RawFactory
+) -> None:
+    # Without durable subscribers (a later milestone) a persistent topic message is
+    # delivered to whoever is subscribed, like a non-persistent one.
+    client = raw(broker)
+    client.connect()
+    subscribe(client, "/topic/persistent", "s")
+    client.send("SEND", {"destination": "/topic/persistent", "persistent": "true"}, b"p")
+    frame = client.recv()
+    assert frame.body == b"p" and frame.headers["persistent"] == "true"
