@@ -5,6 +5,8 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
+import pytest
+
 from tests.broker import BrokerProcess, RawClient
 
 RawFactory = Callable[[BrokerProcess], RawClient]
@@ -110,3 +112,21 @@ def test_header_a_1_0_consumer_cannot_carry_is_blanked_not_injected(
     msg = old.recv()
     assert msg.headers["note"] == "line1 evil:injected"
     assert "evil" not in msg.headers
+
+
+@pytest.mark.parametrize("persistent", ["false", "true"])
+def test_a_message_near_max_frame_bytes_passes_queue_and_topic(
+    broker: BrokerProcess, raw: RawFactory, persistent: str
+) -> None:
+    body = bytes(range(256)) * (1023 * 4)  # just under the 1 MiB frame limit with headers
+    client = raw(broker)
+    client.connect()
+    for destination in (f"/queue/big-{persistent}", f"/topic/big-{persistent}"):
+        client.send("SUBSCRIBE", {"destination": destination, "id": destination, "receipt": "s"})
+        assert client.recv().command == "RECEIPT"
+        client.send(
+            "SEND", {"destination": destination, "persistent": persistent, "receipt": "r"}, body
+        )
+        frames = [client.recv(), client.recv()]
+        assert sorted(f.command for f in frames) == ["MESSAGE", "RECEIPT"]
+        assert [f.body for f in frames if f.command == "MESSAGE"] == [body]
