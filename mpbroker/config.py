@@ -145,7 +145,8 @@ class QueueSettings:
     )
     max_bytes: int = _setting(
         16 * MiB,
-        "most message bytes all queues of one p2p worker hold (the VolQueueStore)",
+        "most bytes of non-persistent messages all queues of one p2p worker hold in memory "
+        "(the VolQueueStore)",
         min=1,
     )
     # ActiveMQ's RedeliveryPolicy default.
@@ -223,6 +224,13 @@ class StoreSettings:
     )
     commit_max_bytes: int = _setting(
         128 * KiB, "a batch is committed once it holds this many bytes", min=1
+    )
+    # The seed's IndexCache default.
+    index_cache_entries: int = _setting(
+        1000,
+        "stored messages waiting in one p2p worker's queues that keep their body in memory; "
+        "the others keep only an index entry and are read back when delivered",
+        min=1,
     )
     cleanup_batch: int = _setting(
         500, "most expired messages settled in one store transaction", min=1

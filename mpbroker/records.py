@@ -68,6 +68,9 @@ class Message(msgspec.Struct, array_like=True, gc=False):
     # Persistent messages: the store's reference (0 = not stored) and earlier deliveries.
     seq: int = 0
     deliveries: int = 0
+    # A stored message waiting in a queue with only its index entry in memory (headers and
+    # body left in the store; see QueueEngine.cache_entries).
+    paged: bool = False
 
 
 def message_size(message: Message) -> int:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import msgspec
@@ -64,6 +65,12 @@ class QueueEngine(Engine):
         # The worker's clock, set before each batch (the engine reads no clock itself).
         self.now_ms = 0
         self.expired = 0
+        # Stored messages waiting beyond `cache_entries` are paged: only their index entry
+        # stays in memory and `loader` (the store) gives the whole message back at
+        # delivery. Without a loader nothing is paged.
+        self.loader: Callable[[int], Message] | None = None
+        self.cache_entries = 0
+        self.cached = 0
 
     # -- producers -----------------------------------------------------------------------
 
@@ -80,7 +87,7 @@ class QueueEngine(Engine):
         message = record.message
         queue = self.queues.get(message.destination)
         size = message.size = message_size(message)
-        limit = self._refusal(queue.held_messages if queue else 0, size)
+        limit = self._refusal(queue.held_messages if queue else 0, size, message.persistent)
         if not limit:
             return True
         self.outbox.add(
@@ -104,18 +111,53 @@ class QueueEngine(Engine):
         queue = self.queues.get(message.destination)
         if queue is None:
             queue = self.queues[message.destination] = _Queue(message.destination)
+        if message.seq and self.loader is not None:
+            if self.cached >= self.cache_entries:
+                message = msgspec.structs.replace(message, body=b"", headers={}, paged=True)
+            else:
+                self.cached += 1
         queue.pending.append(message)
         queue.held_messages += 1
-        self.held_bytes += message.size
+        if not message.persistent:
+            self.held_bytes += message.size
         self._dispatch(queue)
 
-    def _refusal(self, held_messages: int, size: int) -> str:
-        """The limit a new message of `size` bytes would break, or '' if it fits."""
+    def _refusal(self, held_messages: int, size: int, persistent: bool) -> str:
+        """The limit a new message of `size` bytes would break, or '' if it fits.
+
+        `max_bytes` bounds the memory of non-persistent messages; persistent ones live in
+        the store, their memory bounded by the index cache.
+        """
         if held_messages >= self.settings.max_messages:
             return f"max_messages {self.settings.max_messages}"
-        if self.held_bytes + size > self.settings.max_bytes:
+        if not persistent and self.held_bytes + size > self.settings.max_bytes:
             return f"max_bytes {self.settings.max_bytes}"
         return ""
+
+    def _taken_index(self, message: Message) -> Message:
+        """A message leaves `pending` without being delivered: only the cache count moves."""
+        if message.seq and not message.paged and self.loader is not None:
+            self.cached -= 1
+        return message
+
+    def _taken(self, message: Message) -> Message:
+        """A message leaves `pending`: the whole of it, read back from the store if paged."""
+        if not message.seq:
+            return message
+        if not message.paged:
+            if self.loader is not None:
+                self.cached -= 1
+            return message
+        assert self.loader is not None
+        stored = self.loader(message.seq)
+        return msgspec.structs.replace(
+            stored,
+            redelivered=message.redelivered,
+            deliveries=message.deliveries,
+            size=message.size,
+            seq=message.seq,
+            paged=False,
+        )
 
     # -- consumers -----------------------------------------------------------------------
 
@@ -173,6 +215,9 @@ class QueueEngine(Engine):
             else:
                 back.append(again)
         self.returned_seqs.extend(m.seq for m in back if m.seq)
+        if self.loader is not None:
+            # Back with their bodies: they count in the cache again.
+            self.cached += sum(1 for m in back if m.seq)
         queue.pending.extendleft(back)
 
     def _dead_letter(self, queue: _Queue, message: Message, limit: int) -> None:
@@ -194,7 +239,8 @@ class QueueEngine(Engine):
         )
         # The original leaves its queue: accounted like a settled message.
         queue.held_messages -= 1
-        self.held_bytes -= message.size
+        if not message.persistent:
+            self.held_bytes -= message.size
         if message.seq:
             self.dead_letters.append((message.seq, copy))
         else:
@@ -210,7 +256,7 @@ class QueueEngine(Engine):
     def _forget(self, queue: _Queue, messages: list[Message], *, expired: bool = False) -> None:
         """Messages leave the store: acknowledged (or consumed at most once), or expired."""
         queue.held_messages -= len(messages)
-        self.held_bytes -= sum(m.size for m in messages)
+        self.held_bytes -= sum(m.size for m in messages if not m.persistent)
         seqs = self.expired_seqs if expired else self.settled_seqs
         seqs.extend(m.seq for m in messages if m.seq)
 
@@ -223,7 +269,7 @@ class QueueEngine(Engine):
         for queue in list(self.queues.values()):
             doomed = {m.message_id for m in queue.pending if 0 < m.expires_ms <= now_ms}
             if doomed:
-                removed = queue.pending.remove_where(doomed)
+                removed = [self._taken_index(m) for m in queue.pending.remove_where(doomed)]
                 self._forget(queue, removed, expired=True)
                 self.expired += len(removed)
                 total += len(removed)
@@ -249,11 +295,12 @@ class QueueEngine(Engine):
             misses = 0
             message = pending.popleft()
             if message.expires_ms and message.expires_ms <= self.now_ms and expiry_on_read:
-                # Never deliver an expired message.
-                self._forget(queue, [message], expired=True)
+                # Never deliver an expired message (no need to read it back to drop it).
+                self._forget(queue, [self._taken_index(message)], expired=True)
                 self.expired += 1
                 index -= 1  # this consumer was not served
                 continue
+            message = self._taken(message)
             consumer.unacked[message.message_id] = message
             gateway, conn, sub = consumer.key
             self.outbox.add(gateway, Deliver([(conn, sub)], message))

@@ -15,7 +15,7 @@ import msgspec
 
 from mpbroker.config import Config
 from mpbroker.engine import Outbox, QueueEngine
-from mpbroker.records import Refuse, Send
+from mpbroker.records import Message, Refuse, Send
 from mpbroker.stores import CommitBuffer, MessageStore, StoreError
 
 __all__ = ["QueuePersistence"]
@@ -34,6 +34,9 @@ class QueuePersistence:
         self.store = store
         self.engine = engine
         self.outbox = outbox
+        # Waiting messages beyond the index cache keep only their index entry in memory.
+        engine.loader = self._load
+        engine.cache_entries = config.store.index_cache_entries
         commit = config.store
         self.cleanup_batch = commit.cleanup_batch
         self.cleanup_gap_ms = commit.cleanup_gap_ms
@@ -45,6 +48,9 @@ class QueuePersistence:
             commit.commit_max_messages if commit.group_commit else 1,
             commit.commit_max_bytes,
         )
+
+    def _load(self, seq: int) -> Message:
+        return self.store.read(seq).message
 
     def recover(self) -> int:
         """Put every unsettled stored message back in its queue; returns how many.

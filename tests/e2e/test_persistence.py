@@ -149,3 +149,40 @@ def test_a_message_that_keeps_failing_goes_to_the_dead_letter_queue(
         assert (frame.headers["subscription"], frame.body) == ("d", b"poison")
         with pytest.raises(AssertionError):
             consumer.recv(timeout=0.5)
+
+
+def test_a_backlog_beyond_the_index_cache_is_delivered_whole_and_in_order(
+    start_broker: type[BrokerProcess], raw: RawFactory
+) -> None:
+    config = "[store]\nindex_cache_entries = 10\n"
+    expected = sorted(range(150), key=lambda n: (-(n % 3 + 3), n))
+
+    def produce(broker: BrokerProcess, queue: str) -> None:
+        producer = raw(broker)
+        producer.connect()
+        for n in range(150):
+            headers = {"destination": queue, "persistent": "true", "n": str(n)}
+            producer.send("SEND", {**headers, "priority": str(n % 3 + 3)}, b"body-%d" % n)
+        producer.send("DISCONNECT", {"receipt": "bye"})
+        assert producer.recv().command == "RECEIPT"
+
+    def consume(broker: BrokerProcess, queue: str) -> None:
+        consumer = raw(broker)
+        consumer.connect()
+        subscription = {"id": "c", "ack": "client", "activemq.prefetchSize": "7"}
+        consumer.send("SUBSCRIBE", {"destination": queue, **subscription})
+        frames = []
+        for _ in range(150):
+            frames.append(consumer.recv())
+            if len(frames) % 7 == 0 or len(frames) == 150:
+                consumer.send("ACK", {"id": frames[-1].headers["ack"]})
+        assert [int(f.headers["n"]) for f in frames] == expected
+        assert all(f.body == b"body-%s" % f.headers["n"].encode() for f in frames)
+
+    broker = start_broker("--gateways", "1", config=config)
+    produce(broker, "/queue/paged-live")
+    consume(broker, "/queue/paged-live")  # paged while waiting, read back when delivered
+    produce(broker, "/queue/paged-recovered")
+    broker.kill()
+    again = start_broker("--gateways", "1", config=config, data_dir=broker.data_dir)
+    consume(again, "/queue/paged-recovered")  # paged again as it is recovered

@@ -944,3 +944,29 @@ def test_a_message_returned_too_often_goes_to_the_dead_letter_queue() -> None:
         [message] = delivered_messages(engine.outbox.take())
         engine.handle(0, Nack(1, 2, message.message_id))
     assert engine.depth("/queue/DLQ.q") + len(engine.consumers[(0, 1, 2)].unacked) == 1
+
+
+def test_stored_messages_beyond_the_index_cache_wait_paged_and_come_back_whole() -> None:
+    engine = make_engine()
+    stored: dict[int, Message] = {}
+    engine.loader = stored.__getitem__
+    engine.cache_entries = 2
+    for n in range(1, 6):
+        message = make_message(f"m{n}", body=b"body%d" % n, headers={"k": str(n)})
+        message.persistent, message.seq = True, n
+        stored[n] = message
+        engine.handle(9, Send(1, message))
+    waiting = list(engine.queues[Q].pending)
+    assert [m.paged for m in waiting] == [False, False, True, True, True]
+    assert all(m.body == b"" and m.headers == {} for m in waiting if m.paged)
+    assert engine.cached == 2 and engine.held_bytes == 0  # persistent: not VolQueue memory
+    engine.handle(0, subscribe(1, 1, ack_mode=ACK_INDIVIDUAL, prefetch=10))
+    got = delivered_messages(engine.outbox.take())
+    assert [(m.body, m.headers, m.paged) for m in got] == [
+        (b"body%d" % n, {"k": str(n)}, False) for n in range(1, 6)
+    ]
+    assert engine.cached == 0
+    engine.handle(0, Nack(1, 1, "m5"))  # back in the queue, body and all, and out again
+    [again] = delivered_messages(engine.outbox.take())
+    assert (again.body, again.redelivered) == (b"body5", True)
+    assert engine.cached == 0
