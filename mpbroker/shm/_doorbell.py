@@ -50,17 +50,22 @@ class Doorbell:
     def create(cls, path_name: str) -> Doorbell:
         """Create the FIFO (mode 0600) for the calling (reading) process and open it.
 
-        A FIFO left at that path by a dead predecessor is removed first, so writers still
-        holding the old one notice (EPIPE) and reconnect to this one on their next ring.
+        A FIFO left at that path by a dead predecessor is replaced, so writers still holding
+        the old one notice (EPIPE) and reconnect to this one on their next ring. The new FIFO
+        is made and opened under a temporary name and renamed over the path, so the path
+        never goes missing: a writer attaching meanwhile finds the old FIFO or the new one.
         """
         path = shm_path(path_name)
+        temporary = path.with_name(f"{path.name}.{os.getpid()}.tmp")
         with contextlib.suppress(FileNotFoundError):
-            os.unlink(path)
-        os.mkfifo(path, FIFO_MODE)
+            os.unlink(temporary)
+        os.mkfifo(temporary, FIFO_MODE)
         try:
-            fd = os.open(path, os.O_RDWR | os.O_NONBLOCK)
+            fd = os.open(temporary, os.O_RDWR | os.O_NONBLOCK)
+            os.rename(temporary, path)
         except BaseException:
-            os.unlink(path)
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(temporary)
             raise
         st = os.fstat(fd)
         return cls(path_name, fd, owner=True, identity=(st.st_dev, st.st_ino))

@@ -104,7 +104,9 @@ class Gateway:
         self.slot = self.control.slot(spec.slot)
         self.doorbell = Doorbell.create(layout.gateway_bell(spec.index))
         pipelines = layout.topology.pipelines
-        self.pipeline_bells = [Doorbell.attach(layout.pipeline_bell(p)) for p in range(pipelines)]
+        self.pipeline_bells = [
+            Doorbell.attach(layout.pipeline_bell(p), missing_ok=True) for p in range(pipelines)
+        ]
         self.rings: list[Ring] = []
         self.ports: list[_Port] = []
         self.readers: list[RingReader] = []

@@ -19,9 +19,10 @@ from mpbroker import records
 from mpbroker.engine import Engine, Outbox, QueueEngine, TopicEngine
 from mpbroker.records import Barrier, Hello, PipelineHello, Registered, Send, Subscribe
 from mpbroker.shm import STATE_READY, ControlBlock, Doorbell, Ring, RingReader, RingWriter, park
-from mpbroker.stores import MessageStore
+from mpbroker.stores import DurableRegistry, MessageStore
 
 from ._layout import WorkerSpec
+from .durable import Durables
 from .persistence import QueuePersistence
 
 __all__ = ["run_pipeline"]
@@ -54,7 +55,7 @@ class Pipeline:
         self.slot = self.control.slot(spec.slot)
         self.doorbell = Doorbell.create(layout.pipeline_bell(spec.index))
         self.gateway_bells = [
-            Doorbell.attach(layout.gateway_bell(g)) for g in range(layout.gateways)
+            Doorbell.attach(layout.gateway_bell(g), missing_ok=True) for g in range(layout.gateways)
         ]
         self.rings: list[Ring] = []
         self.readers: list[RingReader] = []
@@ -79,6 +80,7 @@ class Pipeline:
         self.engine: Engine
         self.queue_engine: QueueEngine | None = None
         self.persistence: QueuePersistence | None = None
+        self.durables: Durables | None = None
         if spec.role == "p2p":
             engine = QueueEngine(config.queues, spec.index, self.outbox)
             store_dir = Path(config.broker.data_dir) / f"p2p-{spec.index}"
@@ -86,7 +88,15 @@ class Pipeline:
             self.persistence = QueuePersistence(store, engine, self.outbox, config)
             self.engine = self.queue_engine = engine
         else:
-            self.engine = TopicEngine(config.topics, spec.index, self.outbox)
+            topics = TopicEngine(config.topics, spec.index, self.outbox)
+            queues = QueueEngine(config.queues, spec.index, self.outbox)
+            data_dir = Path(config.broker.data_dir)
+            store = MessageStore.open(data_dir / f"pubsub-{spec.index}", config.store)
+            self.persistence = QueuePersistence(store, queues, self.outbox, config)
+            registry = DurableRegistry(data_dir / f"pubsub-{spec.index}-durable.db")
+            self.durables = Durables(registry, topics, queues, self.persistence, self.outbox)
+            self.engine = topics
+            self.queue_engine = queues
 
     def announce(self) -> None:
         """Tell every gateway we (re)started so it registers its subscriptions again."""
@@ -131,13 +141,16 @@ class Pipeline:
 
     def _handle(self, gateway: int, record: records.Record) -> None:
         if self.persistence is not None:
-            if isinstance(record, Send) and record.message.persistent:
-                self.persistence.offer(gateway, record)  # the engine gets it once stored
-                return
             if isinstance(record, Barrier):
                 # A barrier answers for every earlier frame: commit those first.
                 self.persistence.commit()
-        self.engine.handle(gateway, record)
+            elif self.durables is None and isinstance(record, Send) and record.message.persistent:
+                self.persistence.offer(gateway, record)  # the engine gets it once stored
+                return
+        if self.durables is not None:
+            self.durables.handle(gateway, record)
+        else:
+            self.engine.handle(gateway, record)
 
     def _expiry(self, now_ms: int) -> None:
         """Keep the queue engine's clock, and scan for expired messages on schedule."""
@@ -220,6 +233,8 @@ class Pipeline:
     def close(self) -> None:
         if self.persistence is not None:
             self.persistence.store.close()
+        if self.durables is not None:
+            self.durables.registry.close()
         for ring in self.rings:
             ring.close()
         for bell in self.gateway_bells:
