@@ -106,6 +106,7 @@ class _Subscription:
     prefetch: int
     # b"MESSAGE\nsubscription:<id>\n", escaped for the connection's version.
     message_prefix: bytes
+    durable: str = ""
 
 
 _MESSAGE_LINE = b"MESSAGE\n"
@@ -309,6 +310,7 @@ class GatewaySession:
             _MESSAGE_LINE
             + b"subscription:%s\n" % escape_header_value(sub_id, self.version).encode()
         )
+        durable = self._durable_name(frame, kind, sub_id)
         sub = _Subscription(
             next(self._handles),
             sub_id,
@@ -317,13 +319,46 @@ class GatewaySession:
             ACK_MODES[ack_name],
             prefetch,
             prefix,
+            durable,
         )
         self.subs_by_id[sub_id] = sub
         self.subs[sub.handle] = sub
         self._route(
             pipeline,
-            Subscribe(self.conn, sub.handle, sub_id, destination, sub.ack_mode, prefetch, receipt),
+            Subscribe(
+                self.conn,
+                sub.handle,
+                sub_id,
+                destination,
+                sub.ack_mode,
+                prefetch,
+                receipt,
+                durable,
+            ),
         )
+
+    def _durable_name(self, frame: Frame, kind: str, sub_id: str) -> str:
+        """The durable subscription a SUBSCRIBE asks for, as "<client-id>/<name>", or "".
+
+        ActiveMQ's `activemq.subscriptionName` and Artemis' `durable-subscription-name` need
+        the connection's `client-id`; RabbitMQ's `durable:true` names it by the `id`.
+        """
+        headers = frame.headers
+        name = headers.get("activemq.subscriptionName") or headers.get("durable-subscription-name")
+        if name is None and headers.get("durable") == "true":
+            name = sub_id
+            client_id = self.client_id
+        else:
+            if name is None:
+                return ""
+            if not self.client_id:
+                raise SessionError(
+                    f"durable subscription {name!r} needs a client-id header in CONNECT"
+                )
+            client_id = self.client_id
+        if kind != "topic":
+            raise SessionError("only topic subscriptions can be durable")
+        return f"{client_id}/{name}"
 
     def _unsubscribe(self, frame: Frame, now_ms: int) -> None:
         receipt = frame.headers.get("receipt", "")
@@ -340,7 +375,13 @@ class GatewaySession:
         written = self.auto_delivered.pop(sub.handle, 0)
         if written:
             self._route(sub.pipeline, Credit(self.conn, [(sub.handle, written)]))
-        self._route(sub.pipeline, Unsubscribe(self.conn, sub.handle, receipt))
+        headers = frame.headers
+        remove = bool(sub.durable) and (
+            "activemq.subscriptionName" in headers
+            or "durable-subscription-name" in headers
+            or headers.get("durable") == "true"
+        )
+        self._route(sub.pipeline, Unsubscribe(self.conn, sub.handle, receipt, remove))
 
     def _ack(self, frame: Frame, now_ms: int) -> None:
         self._settle(frame, nack=False)
@@ -486,7 +527,13 @@ class GatewaySession:
         for sub in self.subs.values():
             if sub.pipeline == pipeline:
                 record = Subscribe(
-                    self.conn, sub.handle, sub.sub_id, sub.destination, sub.ack_mode, sub.prefetch
+                    self.conn,
+                    sub.handle,
+                    sub.sub_id,
+                    sub.destination,
+                    sub.ack_mode,
+                    sub.prefetch,
+                    durable=sub.durable,
                 )
                 self.routes.append((pipeline, record))
         for token, pending in list(self.pending_receipts.items()):

@@ -100,12 +100,16 @@ class Subscribe(msgspec.Struct, array_like=True, gc=False):
     ack_mode: int
     prefetch: int
     receipt: str = ""
+    # Durable topic subscription: "<client-id>/<name>"; "" for an ordinary subscription.
+    durable: str = ""
 
 
 class Unsubscribe(msgspec.Struct, array_like=True, gc=False):
     conn: int
     sub: int
     receipt: str = ""
+    # True: a durable subscription is removed with its backlog, not just left inactive.
+    remove_durable: bool = False
 
 
 class Ack(msgspec.Struct, array_like=True, gc=False):

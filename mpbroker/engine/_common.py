@@ -137,13 +137,15 @@ class Engine(ABC):
                 key = (gateway, record.conn, record.sub)
                 # Re-registration after a pipeline restart may repeat a Subscribe still in
                 # the ring: keep the consumer we have.
+                # The receipt goes first: what the subscription is handed at once (a
+                # waiting backlog) follows it.
+                self._receipt(gateway, record.conn, record.receipt)
                 if key not in self.consumers:
                     consumer = Consumer(
                         key, record.sub_id, record.destination, record.ack_mode, record.prefetch
                     )
                     self.consumers[key] = consumer
                     self._added(consumer)
-                self._receipt(gateway, record.conn, record.receipt)
             case Unsubscribe():
                 self._remove([(gateway, record.conn, record.sub)], requeue_auto=True)
                 self._receipt(gateway, record.conn, record.receipt)

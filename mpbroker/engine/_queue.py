@@ -210,7 +210,12 @@ class QueueEngine(Engine):
         back: list[Message] = []
         for message in messages:
             again = _redelivery(message)
-            if 0 <= limit < again.deliveries and not _is_dead_letter_queue(queue.name, prefix):
+            # Only named queues have dead-letter queues (not durable subscriptions' own).
+            if (
+                0 <= limit < again.deliveries
+                and queue.name.startswith("/queue/")
+                and not _is_dead_letter_queue(queue.name, prefix)
+            ):
                 self._dead_letter(queue, again, limit)
             else:
                 back.append(again)
@@ -259,6 +264,19 @@ class QueueEngine(Engine):
         self.held_bytes -= sum(m.size for m in messages if not m.persistent)
         seqs = self.expired_seqs if expired else self.settled_seqs
         seqs.extend(m.seq for m in messages if m.seq)
+
+    def purge(self, destination: str) -> int:
+        """Drop every waiting message of a queue (a removed durable subscription's
+        backlog); returns how many. Stored ones are settled."""
+        queue = self.queues.get(destination)
+        if queue is None:
+            return 0
+        removed: list[Message] = []
+        while queue.pending:
+            removed.append(self._taken_index(queue.pending.popleft()))
+        self._forget(queue, removed)
+        self._drop_if_idle(queue)
+        return len(removed)
 
     def expire_scan(self, now_ms: int) -> int:
         """Remove every waiting message whose time is up; returns how many.

@@ -24,6 +24,7 @@ See DESIGN.md, "Message life" and "Delivery guarantees".
 """
 
 from ._commit import CommitBuffer
+from ._durable import DurableRegistry
 from ._errors import StoreError
 from ._segment import MIGRATIONS
 from ._store import (
@@ -38,6 +39,7 @@ __all__ = [
     "MIGRATIONS",
     "OUTCOMES",
     "CommitBuffer",
+    "DurableRegistry",
     "MessageStore",
     "SegmentInfo",
     "StoreError",

@@ -1,0 +1,166 @@
+"""Durable topic subscriptions: messages published while away are kept and replayed."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+
+from tests.broker import BrokerProcess, RawClient
+
+RawFactory = Callable[[BrokerProcess], RawClient]
+
+pytestmark = pytest.mark.slow
+
+DURABLE = {"activemq.subscriptionName": "sub1", "ack": "client-individual"}
+
+
+def durable_client(broker: BrokerProcess, raw: RawFactory, client_id: str = "app") -> RawClient:
+    client = raw(broker)
+    client.connect(**{"client-id": client_id})
+    return client
+
+
+def subscribe(client: RawClient, destination: str, sub_id: str, **headers: str) -> None:
+    client.send(
+        "SUBSCRIBE", {"destination": destination, "id": sub_id, "receipt": sub_id, **headers}
+    )
+    assert client.recv().headers["receipt-id"] == sub_id
+
+
+def publish(
+    client: RawClient, destination: str, bodies: list[bytes], persistent: str = "true"
+) -> None:
+    for n, body in enumerate(bodies):
+        client.send(
+            "SEND", {"destination": destination, "persistent": persistent, "receipt": f"p{n}"}, body
+        )
+    assert {client.recv().headers["receipt-id"] for _ in bodies} == {
+        f"p{n}" for n in range(len(bodies))
+    }
+
+
+def take(client: RawClient, count: int) -> list[bytes]:
+    frames = [client.recv(timeout=15) for _ in range(count)]
+    for frame in frames:
+        client.send("ACK", {"id": frame.headers["ack"]})
+    return [f.body for f in frames]
+
+
+def test_messages_published_while_away_are_replayed_in_order_then_live(
+    start_broker: type[BrokerProcess], raw: RawFactory
+) -> None:
+    broker = start_broker("--gateways", "2")
+    first = durable_client(broker, raw)
+    subscribe(first, "/topic/news", "s", **DURABLE)
+    producer = raw(broker)
+    producer.connect()
+    publish(producer, "/topic/news", [b"while-here"])
+    assert take(first, 1) == [b"while-here"]
+    first.send("DISCONNECT", {"receipt": "bye"})
+    assert first.recv().command == "RECEIPT"
+    publish(producer, "/topic/news", [b"away-%d" % n for n in range(30)])
+    publish(producer, "/topic/news", [b"volatile"], persistent="false")  # not kept for it
+    back = durable_client(broker, raw)
+    subscribe(back, "/topic/news", "s", **DURABLE)
+    publish(producer, "/topic/news", [b"live"])
+    assert take(back, 31) == [b"away-%d" % n for n in range(30)] + [b"live"]
+    with pytest.raises(AssertionError):
+        back.recv(timeout=0.5)
+
+
+def test_durable_subscription_and_its_backlog_survive_a_restart(
+    start_broker: type[BrokerProcess], raw: RawFactory
+) -> None:
+    broker = start_broker("--gateways", "1")
+    client = durable_client(broker, raw)
+    subscribe(client, "/topic/kept", "s", **DURABLE)
+    client.close()
+    producer = raw(broker)
+    producer.connect()
+    publish(producer, "/topic/kept", [b"m%d" % n for n in range(20)])
+    broker.kill()
+    again = start_broker("--gateways", "1", data_dir=broker.data_dir)
+    producer = raw(again)
+    producer.connect()
+    # The subscription exists although nobody is connected: new messages are kept too.
+    publish(producer, "/topic/kept", [b"after-restart"])
+    back = durable_client(again, raw)
+    subscribe(back, "/topic/kept", "s", **DURABLE)
+    assert take(back, 21) == [b"m%d" % n for n in range(20)] + [b"after-restart"]
+
+
+def test_unacked_messages_come_back_and_acked_ones_do_not(
+    start_broker: type[BrokerProcess], raw: RawFactory
+) -> None:
+    broker = start_broker("--gateways", "1")
+    client = durable_client(broker, raw)
+    subscribe(client, "/topic/acks", "s", **DURABLE)
+    producer = raw(broker)
+    producer.connect()
+    publish(producer, "/topic/acks", [b"a", b"b", b"c"])
+    frames = [client.recv() for _ in range(3)]
+    client.send("ACK", {"id": frames[0].headers["ack"]})
+    client.send("DISCONNECT", {"receipt": "bye"})
+    assert client.recv().command == "RECEIPT"
+    back = durable_client(broker, raw)
+    subscribe(back, "/topic/acks", "s", **DURABLE)
+    again = [back.recv(), back.recv()]
+    assert [f.body for f in again] == [b"b", b"c"]
+    assert all(f.headers["redelivered"] == "true" for f in again)
+
+
+def test_durable_unsubscribe_removes_the_subscription_and_its_backlog(
+    start_broker: type[BrokerProcess], raw: RawFactory
+) -> None:
+    broker = start_broker("--gateways", "1")
+    client = durable_client(broker, raw)
+    subscribe(client, "/topic/gone", "s", **DURABLE)
+    producer = raw(broker)
+    producer.connect()
+    publish(producer, "/topic/gone", [b"x", b"y"])
+    client.recv()
+    client.send("UNSUBSCRIBE", {"id": "s", "activemq.subscriptionName": "sub1", "receipt": "u"})
+    frames = [client.recv()]
+    while frames[-1].command != "RECEIPT":
+        frames.append(client.recv())
+    broker.wait_for_log(r"durable subscription 'app/sub1' removed")
+    publish(producer, "/topic/gone", [b"z"])
+    subscribe(client, "/topic/gone", "s2", **DURABLE)  # a new, empty subscription
+    publish(producer, "/topic/gone", [b"fresh"])
+    assert take(client, 1) == [b"fresh"]
+
+
+def test_other_protocols_durable_headers_and_errors(
+    start_broker: type[BrokerProcess], raw: RawFactory
+) -> None:
+    broker = start_broker("--gateways", "1")
+    producer = raw(broker)
+    producer.connect()
+    # Artemis' header, and RabbitMQ's durable:true named by the id.
+    artemis = durable_client(broker, raw, "artemis-app")
+    subscribe(artemis, "/topic/h", "a", **{"durable-subscription-name": "n"})
+    rabbit = durable_client(broker, raw, "rabbit-app")
+    subscribe(rabbit, "/topic/h", "r", durable="true")
+    artemis.close()
+    rabbit.close()
+    publish(producer, "/topic/h", [b"kept"])
+    for client_id, headers in (
+        ("artemis-app", {"durable-subscription-name": "n"}),
+        ("rabbit-app", {"durable": "true"}),
+    ):
+        back = durable_client(broker, raw, client_id)
+        subscribe(
+            back, "/topic/h", "a" if "durable-subscription-name" in headers else "r", **headers
+        )
+        assert back.recv().body == b"kept"
+    # ActiveMQ's header needs a client-id; a second subscriber to an active one is refused.
+    anonymous = raw(broker)
+    anonymous.connect()
+    anonymous.send("SUBSCRIBE", {"destination": "/topic/h", "id": "x", **DURABLE})
+    assert "needs a client-id" in anonymous.recv_until_closed()[0].headers["message"]
+    holder = durable_client(broker, raw, "twin")
+    subscribe(holder, "/topic/h", "t", **DURABLE)
+    twin = durable_client(broker, raw, "twin")
+    twin.send("SUBSCRIBE", {"destination": "/topic/h", "id": "t", **DURABLE})
+    assert "already active" in twin.recv_until_closed()[0].headers["message"]
