@@ -1,0 +1,123 @@
+"""Durable replay speed: a subscriber returning to a backlog of persistent topic messages.
+
+Run: .venv/bin/python -m bench.replay [--count 100000] [--size 100] [--gateways 1]
+
+Starts a broker, creates a durable subscription and leaves, publishes `count` persistent
+messages to its topic (with receipts, so all are stored), then measures how fast the
+returning subscriber receives the whole backlog (client acks every 500 messages), and, as a
+baseline in the same run, how fast the same number of messages is consumed from a plain
+persistent queue backlog.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+from bench.servers import ServerProcess
+from bench.wire import Connection
+from mpbroker.stomp import Frame, encode_frame
+
+_ACK_EVERY = 500
+_RECEIPT_EVERY = 1000
+
+
+def _publish(conn: Connection, destination: str, count: int, size: int) -> None:
+    body = b"x" * size
+    sent = 0
+    while sent < count:
+        batch = min(_RECEIPT_EVERY, count - sent)
+        frames = [
+            encode_frame(Frame("SEND", {"destination": destination, "persistent": "true"}, body))
+            for _ in range(batch - 1)
+        ]
+        frames.append(
+            encode_frame(
+                Frame(
+                    "SEND",
+                    {"destination": destination, "persistent": "true", "receipt": f"r{sent}"},
+                    body,
+                )
+            )
+        )
+        conn.send(b"".join(frames))
+        conn.expect("RECEIPT", f"r{sent}")
+        sent += batch
+
+
+def _drain(conn: Connection, count: int) -> float:
+    """Seconds to receive `count` MESSAGE frames, acknowledging cumulatively."""
+    received = 0
+    started = time.perf_counter()
+    while received < count:
+        frames = conn.read(30.0)
+        if frames is None:
+            raise TimeoutError(f"stalled after {received} of {count} messages")
+        for frame in frames:
+            if frame.command != "MESSAGE":
+                continue
+            received += 1
+            if received % _ACK_EVERY == 0 or received == count:
+                conn.send_frame(Frame("ACK", {"id": frame.headers["ack"]}))
+    return time.perf_counter() - started
+
+
+def _subscribe(conn: Connection, destination: str, **headers: str) -> None:
+    conn.send_frame(
+        Frame(
+            "SUBSCRIBE",
+            {
+                "destination": destination,
+                "id": "s",
+                "ack": "client",
+                "activemq.prefetchSize": "1000",
+                "receipt": "sub",
+                **headers,
+            },
+        )
+    )
+    conn.expect("RECEIPT", "sub")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.replay", description=__doc__)
+    parser.add_argument("--count", type=int, default=100_000)
+    parser.add_argument("--size", type=int, default=100)
+    parser.add_argument("--gateways", type=int, default=1)
+    args = parser.parse_args(argv)
+    with ServerProcess.broker(args.gateways) as server:
+        subscriber = Connection(server.host, server.port, timeout_s=60)
+        subscriber.connect()
+        _subscribe(subscriber, "/topic/replay", durable="true")
+        subscriber.send_frame(Frame("DISCONNECT", {"receipt": "bye"}))
+        subscriber.expect("RECEIPT", "bye")
+        subscriber.close()
+
+        producer = Connection(server.host, server.port, timeout_s=120)
+        producer.connect()
+        started = time.perf_counter()
+        _publish(producer, "/topic/replay", args.count, args.size)
+        _publish(producer, "/queue/replay-baseline", args.count, args.size)
+        published = time.perf_counter() - started
+
+        back = Connection(server.host, server.port, timeout_s=60)
+        back.connect()
+        _subscribe(back, "/topic/replay", durable="true")
+        replay_s = _drain(back, args.count)
+        back.close()
+
+        queue = Connection(server.host, server.port, timeout_s=60)
+        queue.connect()
+        _subscribe(queue, "/queue/replay-baseline")
+        queue_s = _drain(queue, args.count)
+        queue.close()
+        producer.close()
+    print(f"published 2 x {args.count} persistent {args.size}-byte messages in {published:.1f} s")
+    print(f"durable replay: {args.count / replay_s:,.0f} msgs/s ({replay_s:.2f} s)")
+    print(f"queue backlog:  {args.count / queue_s:,.0f} msgs/s ({queue_s:.2f} s)")
+    print(f"replay / queue backlog: x{queue_s / replay_s:.2f}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
