@@ -20,7 +20,6 @@ from tests.broker import BrokerProcess, RawClient
 
 pytestmark = pytest.mark.slow
 
-QUEUE = "/queue/reconcile"
 BATCH = 20
 
 
@@ -31,6 +30,17 @@ class Ledger:
     deliveries: list[tuple[bytes, bool]] = field(default_factory=list)
     port: int = 0
     stop: threading.Event = field(default_factory=threading.Event)
+    destination: str = "/queue/reconcile"
+    # A durable topic subscription instead of a queue: the headers that make it durable.
+    durable: dict[str, str] = field(default_factory=dict)
+
+    def subscription(self) -> dict[str, str]:
+        return {
+            "destination": self.destination,
+            "id": "c",
+            "ack": "client-individual",
+            **self.durable,
+        }
 
 
 def connect(ledger: Ledger) -> RawClient:
@@ -40,7 +50,7 @@ def connect(ledger: Ledger) -> RawClient:
         client: RawClient | None = None
         try:
             client = RawClient("127.0.0.1", ledger.port, timeout=5)
-            client.connect()
+            client.connect(**({"client-id": "reconcile"} if ledger.durable else {}))
             return client
         except (OSError, AssertionError, ConnectionError):
             if client is not None:
@@ -60,7 +70,11 @@ def produce(ledger: Ledger, total: int) -> None:
                 for body in bodies:
                     client.send(
                         "SEND",
-                        {"destination": QUEUE, "persistent": "true", "receipt": body.decode()},
+                        {
+                            "destination": ledger.destination,
+                            "persistent": "true",
+                            "receipt": body.decode(),
+                        },
                         body,
                     )
                 for _ in bodies:
@@ -80,7 +94,7 @@ def produce(ledger: Ledger, total: int) -> None:
 
 def consume(ledger: Ledger) -> None:
     client = connect(ledger)
-    client.send("SUBSCRIBE", {"destination": QUEUE, "id": "c", "ack": "client-individual"})
+    client.send("SUBSCRIBE", ledger.subscription())
     try:
         while not ledger.stop.is_set():
             try:
@@ -90,9 +104,7 @@ def consume(ledger: Ledger) -> None:
             except (OSError, ConnectionError):
                 client.close()
                 client = connect(ledger)
-                client.send(
-                    "SUBSCRIBE", {"destination": QUEUE, "id": "c", "ack": "client-individual"}
-                )
+                client.send("SUBSCRIBE", ledger.subscription())
                 continue
             if frame.command != "MESSAGE":
                 continue
@@ -104,12 +116,26 @@ def consume(ledger: Ledger) -> None:
         client.close()
 
 
+@pytest.mark.parametrize("kind", ["queue", "durable topic"])
 def test_kill_9_at_random_moments_loses_no_receipted_message(
-    start_broker: type[BrokerProcess],
+    start_broker: type[BrokerProcess], kind: str
 ) -> None:
     rng = random.Random(20261123)
     broker = start_broker("--gateways", "2")
     ledger = Ledger(port=broker.port)
+    pipeline = "p2p 0"
+    if kind == "durable topic":
+        ledger.destination = "/topic/reconcile"
+        ledger.durable = {"activemq.subscriptionName": "reconcile"}
+        pipeline = "pubsub 0"
+        # The subscription must exist before the first message is published.
+        first = RawClient(broker.host, broker.port)
+        try:
+            first.connect(**{"client-id": "reconcile"})
+            first.send("SUBSCRIBE", {**ledger.subscription(), "receipt": "s"})
+            assert first.recv().command == "RECEIPT"
+        finally:
+            first.close()
     producer = threading.Thread(target=produce, args=(ledger, 3000))
     consumer = threading.Thread(target=consume, args=(ledger,))
     producer.start()
@@ -117,7 +143,7 @@ def test_kill_9_at_random_moments_loses_no_receipted_message(
     try:
         for _ in range(5):
             time.sleep(rng.uniform(0.2, 0.8))
-            title = rng.choice(["gateway 0", "gateway 1", "p2p 0"])
+            title = rng.choice(["gateway 0", "gateway 1", pipeline])
             victim = broker.workers().get(title)
             if victim is not None:
                 victim.kill()
