@@ -4,8 +4,14 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, settings
 
 from tests.broker import BrokerProcess, RawClient
+
+# The test machines are shared and noisy: a property test must never fail because one
+# example happened to be slow to run or to generate.
+settings.register_profile("mpbroker", deadline=None, suppress_health_check=[HealthCheck.too_slow])
+settings.load_profile("mpbroker")
 
 
 @pytest.fixture(scope="module")
