@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import sqlite3
-import time
 from pathlib import Path
 
 import sqlite_utils
+
+from mpbroker.clock import epoch_ms
 
 from ._errors import StoreError
 
@@ -39,7 +40,7 @@ class DurableRegistry:
             self._conn.execute(
                 "INSERT OR REPLACE INTO subscriptions (name, destination, created_ms) "
                 "VALUES (?, ?, ?)",
-                (name, destination, int(time.time() * 1000)),
+                (name, destination, epoch_ms()),
             )
         except sqlite3.Error as exc:
             raise StoreError(self.path, "subscribe", str(exc)) from None

@@ -19,6 +19,7 @@ import time
 import trio
 
 from mpbroker import records
+from mpbroker.clock import epoch_ms
 from mpbroker.gateway_session import GatewaySession, SessionState, TransactionBudget
 from mpbroker.records import Hello, Record
 from mpbroker.shm import (
@@ -55,10 +56,6 @@ COUNTER_MESSAGES_OUT = 2
 _RECV_BYTES = 64 * 1024  # one socket read; frames within are handled as one batch
 _LISTEN_BACKLOG = 1024
 _CLOSE_TIMEOUT_S = 2.0
-
-
-def _now_ms() -> int:
-    return int(time.time() * 1000)
 
 
 class _Port:
@@ -309,7 +306,7 @@ class Gateway:
                 log.warning("protocol error from %s: %s", conn.peer, exc)
                 session.fail(str(exc))
                 frames = []
-            now = _now_ms()
+            now = epoch_ms()
             for frame in frames:
                 was_connected = session.connected
                 session.on_frame(frame, now)

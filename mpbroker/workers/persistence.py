@@ -9,10 +9,10 @@ follow the commit. Acknowledgements and returns are written back after every bat
 from __future__ import annotations
 
 import logging
-import time
 
 import msgspec
 
+from mpbroker.clock import epoch_ms
 from mpbroker.config import Config
 from mpbroker.engine import Outbox, QueueEngine
 from mpbroker.records import Message, Refuse, Send
@@ -21,10 +21,6 @@ from mpbroker.stores import CommitBuffer, MessageStore, StoreError
 __all__ = ["QueuePersistence"]
 
 log = logging.getLogger("mpbroker.pipeline")
-
-
-def _now_ms() -> int:
-    return int(time.time() * 1000)
 
 
 class QueuePersistence:
@@ -75,7 +71,7 @@ class QueuePersistence:
         """A persistent SEND: admitted against the limits, then buffered for the store."""
         if not self.engine.admit(gateway, record):
             return
-        if self.buffer.add((gateway, record), record.message.size, _now_ms()):
+        if self.buffer.add((gateway, record), record.message.size, epoch_ms()):
             self.commit()
 
     def commit(self) -> None:
@@ -106,7 +102,7 @@ class QueuePersistence:
     def due_in_s(self) -> float | None:
         """Seconds until there is store work to do: the commit buffer's delay runs out, or
         the next cleanup batch is allowed (None if there is nothing waiting)."""
-        now = _now_ms()
+        now = epoch_ms()
         dues = [self.buffer.due_in_ms(now)]
         if self.expired_backlog:
             dues.append(max(0, self.next_cleanup_ms - now))
@@ -114,7 +110,7 @@ class QueuePersistence:
         return min(known) / 1000 if known else None
 
     def commit_if_due(self) -> None:
-        due = self.buffer.due_in_ms(_now_ms())
+        due = self.buffer.due_in_ms(epoch_ms())
         if due is not None and due <= 0:
             self.commit()
 
@@ -146,7 +142,7 @@ class QueuePersistence:
         `cleanup_gap_ms` between them, so a mass expiry never stalls delivery.
         """
         engine = self.engine
-        now = _now_ms()
+        now = epoch_ms()
         self.expired_backlog.extend(engine.expired_seqs)
         engine.expired_seqs.clear()
         try:

@@ -16,6 +16,7 @@ from pathlib import Path
 from types import FrameType
 
 from mpbroker import records
+from mpbroker.clock import epoch_ms
 from mpbroker.engine import Engine, Outbox, QueueEngine, TopicEngine
 from mpbroker.records import Barrier, Hello, PipelineHello, Registered, Send, Subscribe
 from mpbroker.shm import STATE_READY, ControlBlock, Doorbell, Ring, RingReader, RingWriter, park
@@ -107,7 +108,7 @@ class Pipeline:
 
     def step(self) -> bool:
         """Handle one batch from every ring; True if there was anything to do."""
-        self._expiry(int(time.time() * 1000))
+        self._expiry(epoch_ms())
         batch_records = self.spec.config.rings.batch_records
         decode = records.decode
         busy = False
