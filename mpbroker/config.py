@@ -23,6 +23,7 @@ __all__ = [
     "Config",
     "ConfigError",
     "QueueSettings",
+    "ReplaySettings",
     "RingSettings",
     "StompSettings",
     "StoreSettings",
@@ -241,6 +242,24 @@ class StoreSettings:
 
 
 @dataclass(frozen=True, slots=True)
+class ReplaySettings:
+    """Durable subscribers coming back: their stored backlog is read by replay workers."""
+
+    workers: int = _setting(
+        1, "replay worker processes (each serves the pubsub partitions p with p % workers)", min=1
+    )
+    replay_messages: int = _setting(100, "most messages in one replay batch", min=1)
+    replay_bytes: int = _setting(256 * KiB, "most message bytes in one replay batch", min=1)
+    max_concurrent: int = _setting(
+        4, "durable subscribers replaying at once (the others wait their turn)", min=1
+    )
+    # A single message larger than this is still replayed, alone.
+    global_bytes: int = _setting(
+        2 * MiB, "most replayed message bytes in flight over all subscribers", min=1
+    )
+
+
+@dataclass(frozen=True, slots=True)
 class Config:
     broker: BrokerSettings = field(default_factory=BrokerSettings)
     stomp: StompSettings = field(default_factory=StompSettings)
@@ -249,6 +268,7 @@ class Config:
     topics: TopicSettings = field(default_factory=TopicSettings)
     transactions: TransactionSettings = field(default_factory=TransactionSettings)
     store: StoreSettings = field(default_factory=StoreSettings)
+    replay: ReplaySettings = field(default_factory=ReplaySettings)
 
     def replace(self, section: str, **changes: Any) -> Config:
         """A copy with some settings of one section changed (validated)."""
@@ -364,6 +384,20 @@ def _check_consistency(config: Config) -> None:
             cap,
             f"too small for stomp.max_frame_bytes = {config.stomp.max_frame_bytes}: "
             f"a ring must hold two of the largest frames (>= {need})",
+        )
+    replay = config.replay
+    if replay.replay_bytes > replay.global_bytes:
+        raise ConfigError(
+            "replay.replay_bytes",
+            replay.replay_bytes,
+            f"must not exceed replay.global_bytes = {replay.global_bytes}",
+        )
+    # A replay batch travels as one ring record.
+    if replay.replay_bytes > cap // 2:
+        raise ConfigError(
+            "replay.replay_bytes",
+            replay.replay_bytes,
+            f"must be at most half of rings.capacity_bytes = {cap} (a batch is one ring record)",
         )
     if config.stomp.max_header_bytes > config.stomp.max_frame_bytes:
         raise ConfigError(

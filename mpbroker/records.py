@@ -37,6 +37,10 @@ __all__ = [
     "Record",
     "Refuse",
     "Registered",
+    "ReplayBatch",
+    "ReplayHello",
+    "ReplayRelease",
+    "ReplayRequest",
     "Send",
     "Subscribe",
     "Unsubscribe",
@@ -185,6 +189,48 @@ class BarrierDone(msgspec.Struct, array_like=True, gc=False):
     pipeline: int
 
 
+class ReplayRequest(msgspec.Struct, array_like=True, gc=False):
+    """pubsub -> replay: the next batch of a durable subscription's stored backlog.
+
+    A request from the same partition for the same subscription replaces an earlier one;
+    the subscription holds one of the replay worker's `max_concurrent` places from its
+    first request until `ReplayRelease`.
+    """
+
+    partition: int  # pubsub pipeline index (its store is pubsub-<partition>)
+    name: str  # durable subscription name
+    request_id: int  # echoed in the batch; the owner ignores batches it no longer waits for
+    after_seq: int
+    # Messages below this seq may have been delivered before the owner restarted.
+    redeliver_below: int = 0
+
+
+class ReplayRelease(msgspec.Struct, array_like=True, gc=False):
+    """pubsub -> replay: a subscription is done replaying (caught up, or gone); an empty
+    name releases every subscription of the partition (the owner restarted)."""
+
+    partition: int
+    name: str = ""
+
+
+class ReplayBatch(msgspec.Struct, array_like=True, gc=False):
+    """replay -> pubsub: stored messages of one subscription, in seq order."""
+
+    name: str
+    request_id: int
+    messages: list[Message]
+    expired: list[int]  # seqs found expired (not in messages): the owner settles them
+    scanned_upto: int  # every stored message of the subscription up to here was looked at
+    more: bool  # the batch stopped at a limit
+
+
+class ReplayHello(msgspec.Struct, array_like=True, gc=False):
+    """replay -> pubsub: a replay worker (re)started; ask again for what you wait for."""
+
+    worker: int
+    incarnation: int
+
+
 Record = (
     Hello
     | Send
@@ -201,6 +247,10 @@ Record = (
     | Receipt
     | Refuse
     | BarrierDone
+    | ReplayRequest
+    | ReplayRelease
+    | ReplayBatch
+    | ReplayHello
 )
 
 # Ring kind numbers; 0 is reserved by the ring itself.
@@ -220,6 +270,10 @@ _KINDS: Final[tuple[type[Any], ...]] = (
     Refuse,
     BarrierDone,
     Registered,
+    ReplayRequest,
+    ReplayRelease,
+    ReplayBatch,
+    ReplayHello,
 )
 KIND_OF: Final[dict[type[Any], int]] = {cls: i + 1 for i, cls in enumerate(_KINDS)}
 _DECODERS: Final[dict[int, msgspec.msgpack.Decoder[Any]]] = {

@@ -106,6 +106,7 @@ def test_config_show_prints_toml_that_reads_back_as_the_same_config(
         "topics",
         "transactions",
         "store",
+        "replay",
     ]
 
 

@@ -60,6 +60,7 @@ def test_every_setting_is_documented_and_listed_in_declaration_order() -> None:
         "topics",
         "transactions",
         "store",
+        "replay",
     }
     assert all(doc for _, _, doc in rows)
     assert (

@@ -28,6 +28,10 @@ from mpbroker.records import (
     Record,
     Refuse,
     Registered,
+    ReplayBatch,
+    ReplayHello,
+    ReplayRelease,
+    ReplayRequest,
     Send,
     Subscribe,
     Unsubscribe,
@@ -66,6 +70,11 @@ EVERY_RECORD: list[Record] = [
     Refuse(7, "ResourceAllocation: x", "detail", "r"),
     Refuse(7, "short"),
     BarrierDone(7, 12, 1),
+    ReplayRequest(1, "app/sub", 1 << 33, 10, 99),
+    ReplayRelease(1),
+    ReplayRelease(1, "app/sub"),
+    ReplayBatch("app/sub", 7, [MESSAGE], [3, 4], 12, True),
+    ReplayHello(0, 1),
 ]
 
 
@@ -84,7 +93,7 @@ def test_every_record_type_has_its_own_kind_from_one() -> None:
     assert sorted(KIND_OF.values()) == list(range(1, len(record_types) + 1))
 
 
-@pytest.mark.parametrize("kind", [0, 16, -1, 255])
+@pytest.mark.parametrize("kind", [0, 20, -1, 255])
 def test_decode_of_an_unknown_kind_is_a_value_error(kind: int) -> None:
     with pytest.raises(ValueError, match=f"unknown record kind {kind}"):
         decode(kind, b"\x90")

@@ -5,7 +5,19 @@ records it wants sent to an `Outbox`; the worker process wires that to rings.
 """
 
 from ._common import Consumer, ConsumerKey, Engine, Outbox
-from ._queue import QueueEngine
+from ._queue import QueueEngine, StoredRef
+from ._replay import Grant, ReplayKey, ReplayScheduler
 from ._topic import TopicEngine
 
-__all__ = ["Consumer", "ConsumerKey", "Engine", "Outbox", "QueueEngine", "TopicEngine"]
+__all__ = [
+    "Consumer",
+    "ConsumerKey",
+    "Engine",
+    "Grant",
+    "Outbox",
+    "QueueEngine",
+    "ReplayKey",
+    "ReplayScheduler",
+    "StoredRef",
+    "TopicEngine",
+]

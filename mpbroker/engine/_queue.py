@@ -20,6 +20,9 @@ from mpbroker.records import (
 from ._common import Consumer, Engine, Outbox
 from ._pending import Pending
 
+# (queue name, store seq) of a stored message the engine is done with.
+StoredRef = tuple[str, int]
+
 
 @dataclass(eq=False)
 class _Queue:
@@ -54,11 +57,12 @@ class QueueEngine(Engine):
         self.settings = settings
         self.queues: dict[str, _Queue] = {}
         self.held_bytes = 0
-        # Store work for persistent messages, taken by the worker after each batch:
-        # settled (acknowledged) and returned (delivered, then back in the queue).
-        self.settled_seqs: list[int] = []
-        self.returned_seqs: list[int] = []
-        self.expired_seqs: list[int] = []
+        # Store work for persistent messages, taken by the worker after each batch, as
+        # (queue, seq): settled (acknowledged), returned (delivered, then back in the
+        # queue), expired. The queue tells a durable subscription's copy from another's.
+        self.settled_refs: list[StoredRef] = []
+        self.returned_refs: list[StoredRef] = []
+        self.expired_refs: list[StoredRef] = []
         # Persistent dead letters, as (original's seq, copy for the dead-letter queue):
         # the worker stores the copy, settles the original, then `enqueue_dead_letters`.
         self.dead_letters: list[tuple[int, Message]] = []
@@ -102,16 +106,20 @@ class QueueEngine(Engine):
         )
         return False
 
-    def restore(self, message: Message) -> None:
-        """A persistent message recovered from the store after a restart."""
-        message.size = message_size(message)
-        self._enqueue(message)
+    def restore(self, message: Message, queue: str = "") -> None:
+        """A stored message back in memory (after a restart, or replayed), in `queue`
+        (default: its destination), past the limits: it was admitted once already."""
+        if not message.size:
+            message.size = message_size(message)
+        self._enqueue(message, queue)
 
-    def _enqueue(self, message: Message) -> None:
-        queue = self.queues.get(message.destination)
+    def _enqueue(self, message: Message, queue_name: str = "") -> None:
+        name = queue_name or message.destination
+        queue = self.queues.get(name)
         if queue is None:
-            queue = self.queues[message.destination] = _Queue(message.destination)
-        if message.seq and self.loader is not None:
+            queue = self.queues[name] = _Queue(name)
+        # A message restored already paged (index only) stays so.
+        if message.seq and self.loader is not None and not message.paged:
             if self.cached >= self.cache_entries:
                 message = msgspec.structs.replace(message, body=b"", headers={}, paged=True)
             else:
@@ -219,7 +227,7 @@ class QueueEngine(Engine):
                 self._dead_letter(queue, again, limit)
             else:
                 back.append(again)
-        self.returned_seqs.extend(m.seq for m in back if m.seq)
+        self.returned_refs.extend((queue.name, m.seq) for m in back if m.seq)
         if self.loader is not None:
             # Back with their bodies: they count in the cache again.
             self.cached += sum(1 for m in back if m.seq)
@@ -262,8 +270,8 @@ class QueueEngine(Engine):
         """Messages leave the store: acknowledged (or consumed at most once), or expired."""
         queue.held_messages -= len(messages)
         self.held_bytes -= sum(m.size for m in messages if not m.persistent)
-        seqs = self.expired_seqs if expired else self.settled_seqs
-        seqs.extend(m.seq for m in messages if m.seq)
+        refs = self.expired_refs if expired else self.settled_refs
+        refs.extend((queue.name, m.seq) for m in messages if m.seq)
 
     def purge(self, destination: str) -> int:
         """Drop every waiting message of a queue (a removed durable subscription's
@@ -277,6 +285,22 @@ class QueueEngine(Engine):
         self._forget(queue, removed)
         self._drop_if_idle(queue)
         return len(removed)
+
+    def evict(self, destination: str) -> list[Message]:
+        """Take every waiting message of a queue out of memory WITHOUT settling it (the
+        store keeps it: a durable subscription gone inactive, or paged back to its
+        store); returns them. Only for a queue without consumers, or whose consumer's
+        in-flight messages stay with it."""
+        queue = self.queues.get(destination)
+        if queue is None:
+            return []
+        evicted: list[Message] = []
+        while queue.pending:
+            evicted.append(self._taken_index(queue.pending.popleft()))
+        queue.held_messages -= len(evicted)
+        self.held_bytes -= sum(m.size for m in evicted if not m.persistent)
+        self._drop_if_idle(queue)
+        return evicted
 
     def expire_scan(self, now_ms: int) -> int:
         """Remove every waiting message whose time is up; returns how many.

@@ -3,6 +3,11 @@
 - :class:`MessageStore`: append (one transaction per group-commit batch), settle, delivery
   counts, live messages in delivery order, expiry scan; segments roll by size or age and are
   retired (deleted or archived) when all their messages are settled.
+- :class:`TopicStore`: one pubsub partition's durable topic subscriptions: each persistent
+  message stored once (in a MessageStore) plus, per durable subscription, a "pending" row
+  until it acks; a message is settled once no pending row is left. Its
+  :class:`TopicStoreReader` reads a subscription's backlog in :class:`BacklogBatch`es from
+  another process (the replay worker) while the owner writes.
 - :class:`CommitBuffer`: the small processing buffer that decides when to group-commit
   (pure: the caller passes the time).
 - :class:`StoreError`, and the result types (settings: :class:`mpbroker.config.StoreSettings`)
@@ -20,11 +25,17 @@ Typical use in a pipeline worker::
         ...                                              # then send the receipts
     store.settle([seq], "acked", now_ms)
 
+and in a pubsub worker, for durable subscriptions::
+
+    topics = TopicStore(data_dir / "pubsub-0", data_dir / "pubsub-0-durable.db", config.store)
+    topics.recover(now_ms)                  # settle what a crash left owed to nobody
+    seqs = topics.append([(message, ["client-1/orders", "client-2/audit"])])
+    topics.ack([("client-1/orders", seqs[0])], "acked", now_ms)   # still owed to client-2
+
 See DESIGN.md, "Message life" and "Delivery guarantees".
 """
 
 from ._commit import CommitBuffer
-from ._durable import DurableRegistry
 from ._errors import StoreError
 from ._segment import MIGRATIONS
 from ._store import (
@@ -34,15 +45,19 @@ from ._store import (
     StoredMessage,
     StoreStatistics,
 )
+from ._topic import REGISTRY_MIGRATIONS, BacklogBatch, TopicStore, TopicStoreReader
 
 __all__ = [
     "MIGRATIONS",
     "OUTCOMES",
+    "REGISTRY_MIGRATIONS",
+    "BacklogBatch",
     "CommitBuffer",
-    "DurableRegistry",
     "MessageStore",
     "SegmentInfo",
     "StoreError",
     "StoreStatistics",
     "StoredMessage",
+    "TopicStore",
+    "TopicStoreReader",
 ]

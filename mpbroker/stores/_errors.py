@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-__all__ = ["StoreError"]
+__all__ = ["StoreError", "sqlite_detail"]
 
 
 class StoreError(Exception):
@@ -23,3 +23,10 @@ class StoreError(Exception):
         self.detail = detail
         """Why it failed, e.g. the SQLite error text ``database or disk is full``."""
         super().__init__(f"{self.path}: {operation}: {detail}")
+
+
+def sqlite_detail(exc: BaseException) -> str:
+    """An SQLite error's text with its error name when the driver gives one
+    (``database or disk is full (SQLITE_FULL)``): the name is what to search for."""
+    name = getattr(exc, "sqlite_errorname", None)
+    return f"{exc} ({name})" if name else str(exc)

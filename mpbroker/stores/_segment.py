@@ -11,7 +11,7 @@ import contextlib
 import os
 import re
 import sqlite3
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Final
 
@@ -22,7 +22,12 @@ from ._errors import StoreError
 __all__ = [
     "MIGRATIONS",
     "SEGMENT_FORMAT",
+    "Migration",
     "Segment",
+    "applied_migrations",
+    "apply_migrations",
+    "configure_database",
+    "connect_database",
     "create_segment",
     "fsync_directory",
     "open_segment",
@@ -91,7 +96,7 @@ def _m0001_segment_tables(db: sqlite_utils.Database) -> None:
     # Partial index: most messages never expire, and the expiry scan only wants those that do.
     db.execute("CREATE INDEX messages_expiry ON messages(expires_ms) WHERE expires_ms > 0")
     # Settlement of a message of this or an OLDER segment; one row per seq (settling twice
-    # is a no-op), outcome in {"acked", "expired", "dead-lettered"}.
+    # is a no-op), outcome in mpbroker.stores.OUTCOMES.
     db.table("settlements").create(
         {"seq": int, "outcome": str, "at_ms": int}, pk="seq", not_null={"outcome", "at_ms"}
     )
@@ -112,14 +117,22 @@ def _ensure_no_open_transaction(db: sqlite_utils.Database, path: Path, operation
         raise StoreError(path, operation, "cannot run while a transaction is open")
 
 
-def _applied(db: sqlite_utils.Database) -> list[str]:
+def applied_migrations(db: sqlite_utils.Database) -> list[str]:
     return [row[0] for row in db.execute("SELECT name FROM _migrations ORDER BY rowid")]
 
 
-def _migrate(db: sqlite_utils.Database, path: Path, clock_ms: int) -> None:
-    """Apply every migration not yet recorded in `_migrations`, each in its own transaction."""
-    done = set(_applied(db))
-    for name, migration in MIGRATIONS:
+def apply_migrations(
+    db: sqlite_utils.Database,
+    path: Path,
+    clock_ms: int,
+    migrations: Sequence[Migration] = MIGRATIONS,
+) -> None:
+    """Apply every migration not yet recorded in `_migrations`, each in its own transaction.
+
+    `migrations` defaults to the segments' own; the topic store's registry has its list.
+    """
+    done = set(applied_migrations(db))
+    for name, migration in migrations:
         if name in done:
             continue
         _ensure_no_open_transaction(db, path, f"migration {name}")
@@ -204,7 +217,7 @@ class Segment:
         self.conn.close()
 
 
-def _connect(path: Path) -> sqlite_utils.Database:
+def connect_database(path: Path) -> sqlite_utils.Database:
     conn = sqlite3.connect(str(path), isolation_level=None)
     try:
         db = sqlite_utils.Database(conn, execute_plugins=False)
@@ -214,7 +227,7 @@ def _connect(path: Path) -> sqlite_utils.Database:
     return db
 
 
-def _configure(db: sqlite_utils.Database, path: Path, synchronous: str) -> None:
+def configure_database(db: sqlite_utils.Database, path: Path, synchronous: str) -> None:
     _ensure_no_open_transaction(db, path, "enable_wal()")
     db.enable_wal()
     # FULL in WAL mode fsyncs the WAL at every commit: nothing acknowledged is lost on power
@@ -229,7 +242,7 @@ def open_segment(path: Path, synchronous: str, now_ms: int) -> Segment:
     segment, or carries migrations this version does not know (a newer schema).
     """
     try:
-        db = _connect(path)
+        db = connect_database(path)
     except sqlite3.Error as exc:
         raise StoreError(path, "open", f"cannot open: {exc}") from exc
     try:
@@ -239,7 +252,7 @@ def open_segment(path: Path, synchronous: str, now_ms: int) -> Segment:
             raise StoreError(path, "open", f"not an SQLite database ({exc})") from exc
         if "_migrations" not in tables:
             raise StoreError(path, "open", "not an mpbroker store segment (no _migrations table)")
-        applied = _applied(db)
+        applied = applied_migrations(db)
         unknown = [name for name in applied if name not in _KNOWN]
         if unknown:
             raise StoreError(
@@ -254,10 +267,10 @@ def open_segment(path: Path, synchronous: str, now_ms: int) -> Segment:
             raise StoreError(
                 path, "open", f"not an mpbroker store segment (format {fmt and fmt[0]!r})"
             )
-        _configure(db, path, synchronous)
+        configure_database(db, path, synchronous)
         # Schema upgrades of a sealed segment are the one change it may see; its data rows
         # are never written again.
-        _migrate(db, path, now_ms)
+        apply_migrations(db, path, now_ms)
         return Segment(path, db)
     except sqlite3.Error as exc:
         db.conn.close()
@@ -280,11 +293,11 @@ def create_segment(
     for leftover in (tmp, *(Path(f"{tmp}{s}") for s in SIDE_SUFFIXES)):
         leftover.unlink(missing_ok=True)
     try:
-        db = _connect(tmp)
+        db = connect_database(tmp)
         try:
-            _configure(db, tmp, synchronous)
+            configure_database(db, tmp, synchronous)
             db.execute("CREATE TABLE _migrations (name TEXT PRIMARY KEY, applied_ms INTEGER)")
-            _migrate(db, tmp, now_ms)
+            apply_migrations(db, tmp, now_ms)
             meta: list[dict[str, object]] = [
                 {"key": "format", "value": SEGMENT_FORMAT},
                 {"key": "segment_index", "value": index},

@@ -33,14 +33,14 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
-from typing import Final
+from typing import Final, TypeVar
 
 import msgspec
 
 from mpbroker.config import StoreSettings
 from mpbroker.records import Message, message_size
 
-from ._errors import StoreError
+from ._errors import StoreError, sqlite_detail
 from ._segment import (
     SIDE_SUFFIXES,
     Segment,
@@ -61,7 +61,8 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-OUTCOMES: Final = frozenset({"acked", "expired", "dead-lettered"})
+# "unsubscribed": a durable topic subscription was removed with its backlog (TopicStore).
+OUTCOMES: Final = frozenset({"acked", "expired", "dead-lettered", "unsubscribed"})
 MARKER_NAME: Final = "mpbroker-store"
 MARKER_TEXT: Final = "mpbroker message store 1\n"
 ARCHIVE_DIR: Final = "archive"
@@ -77,6 +78,10 @@ _SELECT_MESSAGE: Final = (
     "SELECT seq, message_id, destination, headers, body, timestamp_ms, priority, expires_ms,"
     " size FROM messages"
 )
+# Everything but headers and body: the index entry of a paged message (see live(full=)).
+_SELECT_INDEX: Final = (
+    "SELECT seq, message_id, destination, timestamp_ms, priority, expires_ms, size FROM messages"
+)
 _INSERT_SETTLEMENT: Final = (
     "INSERT OR IGNORE INTO settlements (seq, outcome, at_ms) VALUES (?, ?, ?)"
 )
@@ -87,6 +92,8 @@ _UPSERT_DELIVERY: Final = (
 
 
 MessageRow = tuple[int, str, str, bytes, bytes, int, int, int, int]
+IndexRow = tuple[int, str, str, int, int, int, int]
+_Row = TypeVar("_Row", MessageRow, IndexRow)
 
 
 @dataclass(frozen=True, slots=True)
@@ -144,11 +151,6 @@ class StoreStatistics:
     """Committed append transactions since open (appends / this = group-commit batch size)."""
     settles: int
     """Messages settled since open (settling an unknown or settled seq does not count)."""
-
-
-def _sqlite_detail(exc: BaseException) -> str:
-    name = getattr(exc, "sqlite_errorname", None)
-    return f"{exc} ({name})" if name else str(exc)
 
 
 class MessageStore:
@@ -306,7 +308,7 @@ class MessageStore:
         except BaseException as exc:
             seg.rollback_quietly()
             if isinstance(exc, sqlite3.Error):
-                raise StoreError(seg.path, "append", _sqlite_detail(exc)) from exc
+                raise StoreError(seg.path, "append", sqlite_detail(exc)) from exc
             raise
         seqs = list(range(first, first + len(rows)))
         self._next_seq = first + len(rows)
@@ -322,7 +324,8 @@ class MessageStore:
         return seqs
 
     def settle(self, seqs: Sequence[int], outcome: str, at_ms: int) -> None:
-        """Record that messages are done with (`acked`, `expired` or `dead-lettered`).
+        """Record that messages are done with (`acked`, `expired`, `dead-lettered` or
+        `unsubscribed`).
 
         One transaction, appended to the active segment. Unknown or already settled seqs
         are ignored. Sealed segments left with no live message are retired afterwards.
@@ -369,7 +372,7 @@ class MessageStore:
         try:
             active.seal()
         except sqlite3.Error as exc:
-            raise StoreError(active.path, "seal", _sqlite_detail(exc)) from exc
+            raise StoreError(active.path, "seal", sqlite_detail(exc)) from exc
         self._ensure_active()
         self._retire_settled()
 
@@ -398,7 +401,7 @@ class MessageStore:
         except BaseException as exc:
             seg.rollback_quietly()
             if isinstance(exc, sqlite3.Error):
-                raise StoreError(seg.path, operation, _sqlite_detail(exc)) from exc
+                raise StoreError(seg.path, operation, sqlite_detail(exc)) from exc
             raise
 
     # -- retirement ---------------------------------------------------------------------------
@@ -479,19 +482,46 @@ class MessageStore:
 
     # -- reading ------------------------------------------------------------------------------
 
-    def live(self) -> list[StoredMessage]:
-        """Every unsettled message in delivery order: priority DESC, then seq ASC."""
+    def live(self, *, full: int | None = None) -> list[StoredMessage]:
+        """Every unsettled message in delivery order: priority DESC, then seq ASC.
+
+        With `full=N` only the first N come whole; the others come paged (`paged=True`,
+        empty body and headers) and their bodies and headers are never read, so a restart
+        with a huge backlog holds only index entries in memory, plus the N bodies the queue
+        engine keeps cached (`index_cache_entries`). Read a paged one back with `read()`.
+        """
         self._ensure_open("live()")
+        if full is None:
+            result = self._scan_live(_SELECT_MESSAGE, self._stored)
+        else:
+            if full < 0:
+                raise ValueError(f"full = {full}: must be >= 0")
+            result = self._scan_live(_SELECT_INDEX, self._paged)
+        result.sort(key=lambda m: (-m.message.priority, m.seq))
+        if full is not None:
+            for i in range(min(full, len(result))):
+                result[i] = self.read(result[i].seq)
+        return result
+
+    def _scan_live(self, sql: str, build: Callable[[_Row], StoredMessage]) -> list[StoredMessage]:
         result: list[StoredMessage] = []
         for seg in self._segments:
             if not seg.live:
                 continue
             keep = seg.live
-            for row in seg.conn.execute(_SELECT_MESSAGE):
-                if row[0] in keep:
-                    result.append(self._stored(row))
-        result.sort(key=lambda m: (-m.message.priority, m.seq))
+            try:
+                for row in seg.conn.execute(sql):
+                    if row[0] in keep:
+                        result.append(build(row))
+            except sqlite3.Error as exc:
+                raise StoreError(seg.path, "live", sqlite_detail(exc)) from exc
         return result
+
+    def live_seqs(self) -> list[int]:
+        """The seqs of every unsettled message, ascending (from memory: no I/O)."""
+        self._ensure_open("live_seqs()")
+        # Segments hold ascending, disjoint seq ranges.
+        return [seq for seg in self._segments for seq in sorted(seg.live)]
 
     def read(self, seq: int) -> StoredMessage:
         """One live message; KeyError when `seq` is unknown or settled."""
@@ -502,7 +532,7 @@ class MessageStore:
         try:
             row = seg.conn.execute(_SELECT_MESSAGE + " WHERE seq = ?", (seq,)).fetchone()
         except sqlite3.Error as exc:
-            raise StoreError(seg.path, "read", _sqlite_detail(exc)) from exc
+            raise StoreError(seg.path, "read", sqlite_detail(exc)) from exc
         return self._stored(row)
 
     def expired(self, now_ms: int, limit: int) -> list[int]:
@@ -544,6 +574,26 @@ class MessageStore:
             size=size,
             seq=seq,
             deliveries=deliveries,
+        )
+        return StoredMessage(seq, message, deliveries)
+
+    def _paged(self, row: IndexRow) -> StoredMessage:
+        seq, message_id, destination, timestamp_ms, priority, expires_ms, size = row
+        deliveries = self._deliveries.get(seq, 0)
+        message = Message(
+            message_id=message_id,
+            destination=destination,
+            headers={},
+            body=b"",
+            timestamp_ms=timestamp_ms,
+            persistent=True,
+            priority=priority,
+            expires_ms=expires_ms,
+            redelivered=deliveries > 0,
+            size=size,
+            seq=seq,
+            deliveries=deliveries,
+            paged=True,
         )
         return StoredMessage(seq, message, deliveries)
 

@@ -42,6 +42,10 @@ def worker_entry(spec: WorkerSpec) -> None:
             from .gateway import run_gateway
 
             run_gateway(spec)
+        elif spec.role == "replay":
+            from .replay import run_replay
+
+            run_replay(spec)
         else:
             from .pipeline import run_pipeline
 

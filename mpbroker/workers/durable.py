@@ -1,69 +1,235 @@
 """Durable topic subscriptions in a pubsub worker.
 
-A durable subscription is kept as a queue of its own, as Artemis does: every persistent
-message published to its topic is stored in that queue (through the same group-commit
-store path as persistent queue messages) whether or not its subscriber is connected, and
-the subscriber consumes that queue. Coming back, it first gets what waited for it, then new
-messages, in publish order, with nothing lost or duplicated at the seam (it is one queue).
-Waiting messages beyond the index cache keep only their index entry in memory.
+Storage (`TopicStore`): one stored row per persistent topic message, plus a pending row
+per durable subscription that still has to acknowledge it; the message is settled when
+its last pending row goes. A subscription's backlog is its pending rows: nothing of it is
+in memory while its subscriber is away.
+
+Delivery: a subscriber coming back starts REPLAYING. Its owner (this worker) asks the
+replay worker for the backlog in batches (`ReplayRequest` -> `ReplayBatch`), each read
+only when the previous one has mostly been delivered, and keeps those messages in an
+in-memory queue of the subscription (`durable:<name>` in the queue engine, which does
+windows, acks and redelivery). Messages stored meanwhile are not taken into memory: the
+replay reaches them. When a batch finds nothing left and nothing was stored for the
+subscription past it, the subscription goes LIVE (in one step of this single-threaded
+loop, so nothing falls between replay and live delivery, and nothing comes twice): from
+then on new messages go to its queue as they are stored. A live subscriber that falls
+more than `topics.max_pending_messages` behind is paged back: its waiting messages leave
+memory and it replays again from the store.
+
+Non-persistent messages reach a durable subscriber only while it is connected (as in
+ActiveMQ); those published while it replays wait (bounded) until it goes live.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
 
 import msgspec
 
-from mpbroker.engine import ConsumerKey, Outbox, QueueEngine, TopicEngine
+from mpbroker.clock import epoch_ms
+from mpbroker.config import Config
+from mpbroker.engine import ConsumerKey, Outbox, QueueEngine, StoredRef, TopicEngine
 from mpbroker.records import (
     Ack,
     ConnClosed,
     Credit,
     Hello,
+    Message,
     Nack,
+    Receipt,
     Record,
     Refuse,
+    ReplayBatch,
+    ReplayRelease,
+    ReplayRequest,
     Send,
     Subscribe,
     Unsubscribe,
 )
-from mpbroker.stores import DurableRegistry
+from mpbroker.stores import CommitBuffer, StoreError, TopicStore
 
-from .persistence import QueuePersistence
+from .persistence import refuse_unstored
 
-__all__ = ["Durables", "durable_queue"]
+__all__ = ["Durables", "TopicPersistence", "durable_queue"]
 
 log = logging.getLogger("mpbroker.pipeline")
 
+_QUEUE_PREFIX = "durable:"
+
 
 def durable_queue(name: str) -> str:
-    """The internal queue that holds a durable subscription's messages."""
-    return f"durable:{name}"
+    """The in-memory queue (of the queue engine) holding a subscription's deliveries."""
+    return _QUEUE_PREFIX + name
+
+
+def _subscription(queue: str) -> str:
+    return queue[len(_QUEUE_PREFIX) :]
+
+
+def _by_subscription(refs: list[StoredRef]) -> list[tuple[str, int]]:
+    return [(_subscription(queue), seq) for queue, seq in refs]
+
+
+# A buffered persistent publish: the gateway, the SEND, the subscriptions it is kept for.
+_Pending = tuple[int, Send, tuple[str, ...]]
+
+
+class TopicPersistence:
+    """Persistent topic messages kept for durable subscribers: group commit into the
+    TopicStore (as QueuePersistence does for queues), acks and expiry written back."""
+
+    def __init__(
+        self,
+        store: TopicStore,
+        outbox: Outbox,
+        config: Config,
+        subscribed: Callable[[str], bool],
+        stored: Callable[[Send, tuple[str, ...], int], None],
+    ) -> None:
+        self.store = store
+        self.outbox = outbox
+        self.subscribed = subscribed
+        self.stored = stored
+        settings = config.store
+        self.buffer: CommitBuffer[_Pending] = CommitBuffer(
+            settings.commit_max_delay_ms,
+            settings.commit_max_messages if settings.group_commit else 1,
+            settings.commit_max_bytes,
+        )
+        self.cleanup_batch = settings.cleanup_batch
+        self.cleanup_gap_ms = settings.cleanup_gap_ms
+        self.scan_interval_ms = int(config.queues.expiry_scan_interval_s * 1000)
+        self.next_scan_ms = 0
+
+    def offer(self, gateway: int, record: Send, names: tuple[str, ...]) -> None:
+        if self.buffer.add((gateway, record, names), record.message.size, epoch_ms()):
+            self.commit()
+
+    def commit(self) -> None:
+        """Store what is buffered in one transaction, then deliver and answer receipts."""
+        batch = self.buffer.take()
+        if not batch:
+            return
+        # A subscription removed since the message was buffered no longer wants it.
+        entries = [
+            (gateway, record, tuple(n for n in names if self.subscribed(n)))
+            for gateway, record, names in batch
+        ]
+        try:
+            seqs = self.store.append([(record.message, names) for _, record, names in entries])
+        except StoreError as exc:
+            refuse_unstored(self.outbox, [(g, r) for g, r, _ in entries], exc)
+            return
+        for (gateway, record, names), seq in zip(entries, seqs, strict=True):
+            self.stored(record, names, seq)
+            if record.receipt:
+                self.outbox.add(gateway, Receipt(record.conn, record.receipt))
+
+    def due_in_s(self) -> float | None:
+        due = self.buffer.due_in_ms(epoch_ms())
+        return None if due is None else due / 1000
+
+    def commit_if_due(self) -> None:
+        due = self.buffer.due_in_ms(epoch_ms())
+        if due is not None and due <= 0:
+            self.commit()
+
+    def write_back(self, engine: QueueEngine) -> None:
+        """Record what the subscriptions acknowledged, returned and let expire; run the
+        store's expiry scan when it is due (a batch at a time, `cleanup_gap_ms` apart)."""
+        now = epoch_ms()
+        try:
+            if engine.settled_refs:
+                self.store.ack(_by_subscription(engine.settled_refs), "acked", now)
+            if engine.returned_refs:
+                self.store.returned(_by_subscription(engine.returned_refs))
+            if engine.expired_refs:
+                self.store.ack(_by_subscription(engine.expired_refs), "expired", now)
+            if self.scan_interval_ms and now >= self.next_scan_ms:
+                seqs = self.store.expired(now, self.cleanup_batch)
+                if seqs:
+                    self.store.expire(seqs, now)
+                    log.info("expired %d stored topic messages", len(seqs))
+                full = len(seqs) == self.cleanup_batch
+                self.next_scan_ms = now + (self.cleanup_gap_ms if full else self.scan_interval_ms)
+        except StoreError as exc:
+            # Still pending in the store: they come back after a restart, redelivered.
+            log.error("store error while recording acknowledgements: %s", exc)
+        engine.settled_refs.clear()
+        engine.returned_refs.clear()
+        engine.expired_refs.clear()
+
+
+@dataclass(eq=False)
+class _Durable:
+    name: str
+    topic: str
+    consumer: ConsumerKey | None = None
+    replaying: bool = False
+    request_id: int = 0  # the batch we wait for (0: none asked)
+    after_seq: int = 0  # the replay continues after this seq
+    # Non-persistent messages published while replaying, delivered once live.
+    held: list[Message] = field(default_factory=list)
+    # Seqs in the subscriber's window when it was paged back: they stay with it in
+    # memory (acked, or returned to its queue), so the replay must not bring them again.
+    skip: set[int] = field(default_factory=set)
 
 
 class Durables:
     def __init__(
         self,
-        registry: DurableRegistry,
+        store: TopicStore,
         topics: TopicEngine,
         queues: QueueEngine,
-        persistence: QueuePersistence,
         outbox: Outbox,
+        config: Config,
+        pipeline: int,
+        incarnation: int,
     ) -> None:
-        self.registry = registry
+        self.store = store
         self.topics = topics
         self.queues = queues
-        self.persistence = persistence
         self.outbox = outbox
-        self.destination_of = registry.load()
+        self.pipeline = pipeline
+        self.persistence = TopicPersistence(
+            store, outbox, config, lambda name: name in self.subs, self._stored
+        )
+        self.subs = {name: _Durable(name, topic) for name, topic in store.subscriptions().items()}
         self.by_topic: dict[str, set[str]] = {}
-        for name, topic in self.destination_of.items():
-            self.by_topic.setdefault(topic, set()).add(name)
-        # Durable name -> the consumer holding it now (at most one at a time, as in JMS).
-        self.active: dict[str, ConsumerKey] = {}
+        for d in self.subs.values():
+            self.by_topic.setdefault(d.topic, set()).add(d.name)
+        self.active: dict[ConsumerKey, str] = {}
+        self.replaying: set[str] = set()
+        # Records for our replay worker, flushed by the pipeline with everything else.
+        self.to_replay: list[Record] = []
+        # Request ids of different incarnations never collide: a batch asked for by our
+        # predecessor is never taken for ours.
+        self.last_request = incarnation << 32
+        self.redeliver_below = 0
+        self.max_live = config.topics.max_pending_messages
+        self.low_water = config.replay.replay_messages // 2
+
+    # -- start-up ------------------------------------------------------------------------
+
+    def recover(self) -> int:
+        """Clean up after a crash; returns the messages nobody was waiting for any more.
+
+        Anything stored before now may have been delivered before the restart: it is
+        replayed as redelivered (at least once, never a silent duplicate).
+        """
+        orphans = self.store.recover(epoch_ms())
+        self.redeliver_below = max(self.store.messages.live_seqs(), default=0) + 1
+        # Our predecessor's places in the replay worker are ours to give back.
+        self.to_replay.append(ReplayRelease(self.pipeline))
+        return orphans
+
+    # -- records -------------------------------------------------------------------------
 
     def handle(self, gateway: int, record: Record) -> None:
-        """Route a record to the durable-subscription queues or the live topic engine."""
+        """Route a gateway's record to the durable subscriptions or the live topic engine."""
         match record:
             case Send():
                 self._publish(gateway, record)
@@ -74,40 +240,126 @@ class Durables:
                 if key in self.queues.consumers:
                     self.queues.handle(gateway, record)
                     if isinstance(record, Unsubscribe):
-                        self._unsubscribed(key, remove=record.remove_durable)
+                        self._departed(key if record.remove_durable else None)
                 else:
                     self.topics.handle(gateway, record)
-            case Credit() | ConnClosed() | Hello():
+            case Credit():
                 # Both engines ignore the consumers they do not have.
                 self.topics.handle(gateway, record)
                 self.queues.handle(gateway, record)
+            case ConnClosed() | Hello():
+                self.topics.handle(gateway, record)
+                self.queues.handle(gateway, record)
+                self._departed()
             case _:
                 self.topics.handle(gateway, record)
 
+    def replayed(self, batch: ReplayBatch) -> None:
+        """A batch of a subscription's backlog, read by the replay worker."""
+        d = self.subs.get(batch.name)
+        if d is None or d.consumer is None or batch.request_id != d.request_id:
+            return  # asked for by a subscriber since gone, or by our predecessor
+        d.request_id = 0
+        if batch.expired:
+            try:
+                self.store.ack([(d.name, seq) for seq in batch.expired], "expired", epoch_ms())
+            except StoreError as exc:
+                log.error("store error while settling expired messages: %s", exc)
+        queue = durable_queue(d.name)
+        skip = d.skip
+        for message in batch.messages:
+            if message.seq not in skip:
+                self.queues.restore(message, queue)
+        d.after_seq = max(d.after_seq, batch.scanned_upto)
+        if skip and d.after_seq >= max(skip):
+            skip.clear()
+        if not batch.more and self.store.last_seq(d.name) <= d.after_seq:
+            self._go_live(d)
+
+    def replayer_restarted(self) -> None:
+        """The replay worker lost what it was doing: ask again for what we wait for."""
+        for name in self.replaying:
+            d = self.subs[name]
+            if d.request_id:
+                self._request(d)
+
+    def pump(self) -> None:
+        """Ask for the next batch of every replaying subscription that runs low."""
+        for name in self.replaying:
+            d = self.subs[name]
+            if not d.request_id and self.queues.depth(durable_queue(name)) <= self.low_water:
+                self._request(d)
+
+    # -- publishing ----------------------------------------------------------------------
+
     def _publish(self, gateway: int, record: Send) -> None:
         message = record.message
-        names = sorted(self.by_topic.get(message.destination, ()))
-        # Non-persistent messages only reach durable subscribers that are connected.
-        names = [n for n in names if message.persistent or self._is_active(n)]
+        names = self.by_topic.get(message.destination)
         if not names:
             self.topics.handle(gateway, record)
             return
-        self.topics.handle(gateway, msgspec.structs.replace(record, receipt=""))
-        for i, name in enumerate(names):
-            copy = msgspec.structs.replace(message, destination=durable_queue(name))
-            # The receipt rides on the last copy: stored copies are committed in order,
-            # so it is answered once every copy is stored.
-            receipt = record.receipt if i == len(names) - 1 else ""
-            send = Send(record.conn, copy, receipt)
-            if copy.persistent:
-                self.persistence.offer(gateway, send)
+        if message.persistent:
+            # Live non-durable subscribers now; the receipt once the store has it.
+            self.topics.handle(gateway, msgspec.structs.replace(record, receipt=""))
+            self.persistence.offer(gateway, record, tuple(sorted(names)))
+            return
+        self.topics.handle(gateway, record)
+        for name in names:
+            d = self.subs[name]
+            if d.consumer is None:
+                continue  # not kept for a subscriber that is away
+            copy = msgspec.structs.replace(message)
+            if not d.replaying:
+                self._deliver(d, copy)
+            elif len(d.held) < self.max_live:
+                d.held.append(copy)
             else:
-                self.queues.handle(gateway, send)
+                log.warning(
+                    "durable subscription %r: non-persistent message dropped while it "
+                    "replays (%d held, topics.max_pending_messages)",
+                    name,
+                    len(d.held),
+                )
+
+    def _stored(self, record: Send, names: tuple[str, ...], seq: int) -> None:
+        """A persistent message is in the store: live subscribers get it now."""
+        for name in names:
+            d = self.subs.get(name)
+            if d is not None and d.consumer is not None and not d.replaying:
+                self._deliver(d, msgspec.structs.replace(record.message, seq=seq))
+
+    def _deliver(self, d: _Durable, message: Message) -> None:
+        queue = durable_queue(d.name)
+        self.queues.restore(message, queue)
+        if self.queues.depth(queue) > self.max_live:
+            self._page_out(d)
+
+    def _page_out(self, d: _Durable) -> None:
+        """A live subscriber fell too far behind: its waiting messages leave memory and
+        it replays them from the store (non-persistent ones are lost: at most once)."""
+        evicted = self.queues.evict(durable_queue(d.name))
+        seqs = [m.seq for m in evicted if m.seq]
+        assert d.consumer is not None
+        d.skip = {m.seq for m in self.queues.consumers[d.consumer].unacked.values() if m.seq}
+        log.info(
+            "durable subscription %r is %d messages behind: replaying it from the store",
+            d.name,
+            len(evicted),
+        )
+        if seqs:
+            self._replay_from(d, min(seqs) - 1)
+
+    # -- subscribers ---------------------------------------------------------------------
 
     def _subscribe(self, gateway: int, record: Subscribe, name: str) -> None:
         key = (gateway, record.conn, record.sub)
-        holder = self.active.get(name)
-        if holder is not None and holder != key and holder in self.queues.consumers:
+        queue_record = msgspec.structs.replace(record, destination=durable_queue(name))
+        d = self.subs.get(name)
+        if d is not None and d.consumer is not None:
+            if d.consumer == key:
+                # Re-registration repeating a Subscribe still in the ring.
+                self.queues.handle(gateway, queue_record)
+                return
             self.outbox.add(
                 gateway,
                 Refuse(
@@ -118,35 +370,90 @@ class Durables:
                 ),
             )
             return
-        topic = self.destination_of.get(name)
-        if topic != record.destination:
-            if topic is not None:
-                # Subscribing under the same name to another topic replaces the old one.
-                self._remove(name)
-            self.registry.put(name, record.destination)
-            self.destination_of[name] = record.destination
-            self.by_topic.setdefault(record.destination, set()).add(name)
-            log.info("durable subscription %r on %s created", name, record.destination)
-        self.active[name] = key
-        self.queues.handle(
-            gateway, msgspec.structs.replace(record, destination=durable_queue(name))
+        if d is None or d.topic != record.destination:
+            if d is not None:
+                # The same name on another topic replaces the old subscription.
+                self._remove(d)
+            try:
+                self.store.subscribe(name, record.destination)
+            except StoreError as exc:
+                self.outbox.add(
+                    gateway,
+                    Refuse(
+                        record.conn,
+                        f"store error: {exc}",
+                        "The durable subscription was not created.",
+                        record.receipt,
+                    ),
+                )
+                return
+            d = self.subs[name] = _Durable(name, record.destination)
+            self.by_topic.setdefault(d.topic, set()).add(name)
+            log.info("durable subscription %r on %s created", name, d.topic)
+        self.queues.handle(gateway, queue_record)
+        d.consumer = key
+        self.active[key] = name
+        self._replay_from(d, 0)
+
+    def _departed(self, removed: ConsumerKey | None = None) -> None:
+        """Subscriptions whose subscriber went away become inactive (`removed`: that
+        subscriber's subscription is removed, with its backlog)."""
+        for key, name in list(self.active.items()):
+            if key in self.queues.consumers:
+                continue
+            d = self.subs[name]
+            self._deactivate(d)
+            if key == removed:
+                self._remove(d)
+
+    def _deactivate(self, d: _Durable) -> None:
+        # Its unacknowledged messages were returned (counted in the store); all of it
+        # leaves memory: the backlog stays on disk.
+        self.queues.evict(durable_queue(d.name))
+        if d.replaying:
+            self.to_replay.append(ReplayRelease(self.pipeline, d.name))
+            self.replaying.discard(d.name)
+        assert d.consumer is not None
+        del self.active[d.consumer]
+        d.consumer = None
+        d.replaying = False
+        d.request_id = 0
+        d.held = []
+        d.skip = set()
+
+    def _remove(self, d: _Durable) -> None:
+        if d.consumer is not None:
+            self._deactivate(d)
+        del self.subs[d.name]
+        self.by_topic[d.topic].discard(d.name)
+        if not self.by_topic[d.topic]:
+            del self.by_topic[d.topic]
+        try:
+            dropped = self.store.unsubscribe(d.name, epoch_ms())
+        except StoreError as exc:
+            log.error("store error while removing durable subscription %r: %s", d.name, exc)
+            return
+        log.info("durable subscription %r removed with %d waiting messages", d.name, dropped)
+
+    # -- replay --------------------------------------------------------------------------
+
+    def _replay_from(self, d: _Durable, after_seq: int) -> None:
+        d.replaying = True
+        d.after_seq = after_seq
+        self.replaying.add(d.name)
+        self._request(d)
+
+    def _request(self, d: _Durable) -> None:
+        self.last_request += 1
+        d.request_id = self.last_request
+        self.to_replay.append(
+            ReplayRequest(self.pipeline, d.name, d.request_id, d.after_seq, self.redeliver_below)
         )
 
-    def _unsubscribed(self, key: ConsumerKey, *, remove: bool) -> None:
-        for name, holder in list(self.active.items()):
-            if holder == key:
-                del self.active[name]
-                if remove:
-                    self._remove(name)
-
-    def _remove(self, name: str) -> None:
-        topic = self.destination_of.pop(name, None)
-        if topic is not None:
-            self.by_topic[topic].discard(name)
-        dropped = self.queues.purge(durable_queue(name))
-        self.registry.remove(name)
-        log.info("durable subscription %r removed with %d waiting messages", name, dropped)
-
-    def _is_active(self, name: str) -> bool:
-        holder = self.active.get(name)
-        return holder is not None and holder in self.queues.consumers
+    def _go_live(self, d: _Durable) -> None:
+        d.replaying = False
+        self.replaying.discard(d.name)
+        self.to_replay.append(ReplayRelease(self.pipeline, d.name))
+        held, d.held = d.held, []
+        for message in held:
+            self._deliver(d, message)

@@ -9,6 +9,7 @@ follow the commit. Acknowledgements and returns are written back after every bat
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 
 import msgspec
 
@@ -18,9 +19,22 @@ from mpbroker.engine import Outbox, QueueEngine
 from mpbroker.records import Message, Refuse, Send
 from mpbroker.stores import CommitBuffer, MessageStore, StoreError
 
-__all__ = ["QueuePersistence"]
+__all__ = ["QueuePersistence", "refuse_unstored"]
 
 log = logging.getLogger("mpbroker.pipeline")
+
+
+def refuse_unstored(outbox: Outbox, batch: Sequence[tuple[int, Send]], exc: StoreError) -> None:
+    """A batch the store could not take: every sender hears why (a message that was not
+    stored is never acknowledged)."""
+    log.error("store error, refusing %d messages: %s", len(batch), exc)
+    for gateway, record in batch:
+        outbox.add(
+            gateway,
+            Refuse(
+                record.conn, f"store error: {exc}", "The message was not stored.", record.receipt
+            ),
+        )
 
 
 class QueuePersistence:
@@ -55,7 +69,9 @@ class QueuePersistence:
         at least once, and never a duplicate without `redelivered:true`.
         """
         restored = 0
-        for stored in self.store.live():
+        # Only the first index_cache_entries come with their bodies: a restart with a
+        # large backlog does not read every body into memory.
+        for stored in self.store.live(full=self.engine.cache_entries):
             # Counted as delivered once more: it may have reached a consumer before.
             message = msgspec.structs.replace(
                 stored.message,
@@ -82,18 +98,7 @@ class QueuePersistence:
         try:
             seqs = self.store.append([record.message for _, record in batch])
         except StoreError as exc:
-            # Never acknowledge a message that was not stored: every sender hears why.
-            log.error("store error, refusing %d messages: %s", len(batch), exc)
-            for gateway, record in batch:
-                self.outbox.add(
-                    gateway,
-                    Refuse(
-                        record.conn,
-                        f"store error: {exc}",
-                        "The message was not stored.",
-                        record.receipt,
-                    ),
-                )
+            refuse_unstored(self.outbox, batch, exc)
             return
         for (gateway, record), seq in zip(batch, seqs, strict=True):
             record.message.seq = seq
@@ -143,15 +148,15 @@ class QueuePersistence:
         """
         engine = self.engine
         now = epoch_ms()
-        self.expired_backlog.extend(engine.expired_seqs)
-        engine.expired_seqs.clear()
+        self.expired_backlog.extend(seq for _, seq in engine.expired_refs)
+        engine.expired_refs.clear()
         try:
             if engine.dead_letters:
                 self._move_dead_letters(now)
-            if engine.settled_seqs:
-                self.store.settle(engine.settled_seqs, "acked", now)
-            if engine.returned_seqs:
-                self.store.record_delivery(engine.returned_seqs)
+            if engine.settled_refs:
+                self.store.settle([seq for _, seq in engine.settled_refs], "acked", now)
+            if engine.returned_refs:
+                self.store.record_delivery([seq for _, seq in engine.returned_refs])
             if self.expired_backlog and now >= self.next_cleanup_ms:
                 chunk = self.expired_backlog[: self.cleanup_batch]
                 del self.expired_backlog[: self.cleanup_batch]
@@ -161,5 +166,5 @@ class QueuePersistence:
             # The messages stay live in the store and come back after a restart, marked
             # redelivered: at least once, as promised for persistent messages.
             log.error("store error while recording acknowledgements: %s", exc)
-        engine.settled_seqs.clear()
-        engine.returned_seqs.clear()
+        engine.settled_refs.clear()
+        engine.returned_refs.clear()

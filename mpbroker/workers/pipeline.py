@@ -11,18 +11,26 @@ import logging
 import os
 import signal
 import time
-from collections import deque
-from pathlib import Path
 from types import FrameType
 
 from mpbroker import records
 from mpbroker.clock import epoch_ms
 from mpbroker.engine import Engine, Outbox, QueueEngine, TopicEngine
-from mpbroker.records import Barrier, Hello, PipelineHello, Registered, Send, Subscribe
-from mpbroker.shm import STATE_READY, ControlBlock, Doorbell, Ring, RingReader, RingWriter, park
-from mpbroker.stores import DurableRegistry, MessageStore
+from mpbroker.records import (
+    Barrier,
+    Hello,
+    PipelineHello,
+    Registered,
+    ReplayBatch,
+    ReplayHello,
+    Send,
+    Subscribe,
+)
+from mpbroker.shm import STATE_READY, ControlBlock, Doorbell, Ring, RingReader, park
+from mpbroker.stores import MessageStore, TopicStore
 
-from ._layout import WorkerSpec
+from ._layout import WorkerSpec, durable_registry, store_directory
+from ._outlet import Outlet
 from .durable import Durables
 from .persistence import QueuePersistence
 
@@ -60,15 +68,14 @@ class Pipeline:
         ]
         self.rings: list[Ring] = []
         self.readers: list[RingReader] = []
-        self.writers: list[RingWriter] = []
+        self.outlets: list[Outlet] = []
         for g in range(layout.gateways):
             in_ring = Ring.attach(layout.to_pipeline(g, spec.index))
             out_ring = Ring.attach(layout.to_gateway(spec.index, g))
             self.rings += [in_ring, out_ring]
             self.readers.append(in_ring.reader())
-            self.writers.append(out_ring.writer(self.gateway_bells[g]))
-        # Encoded records a full ring could not take yet, per gateway, in order.
-        self.backlog: list[deque[tuple[int, bytes]]] = [deque() for _ in range(layout.gateways)]
+            self.outlets.append(Outlet(out_ring.writer(self.gateway_bells[g])))
+        self.park_readers = list(self.readers)
         self.outbox = Outbox()
         # A restarted pipeline holds what its predecessor left in the rings until every
         # gateway has re-registered its subscriptions (`Registered`), so that a topic
@@ -79,30 +86,45 @@ class Pipeline:
         self.hold_until = time.monotonic() + _HOLD_TIMEOUT_S
         self.next_expiry_scan_ms = 0
         self.engine: Engine
-        self.queue_engine: QueueEngine | None = None
+        self.queue_engine: QueueEngine
         self.persistence: QueuePersistence | None = None
         self.durables: Durables | None = None
+        # pubsub only: the replay worker's ring to us, and ours to it.
+        self.replay_reader: RingReader | None = None
+        self.replay_outlet: Outlet | None = None
+        self.replay_bell: Doorbell | None = None
         if spec.role == "p2p":
             engine = QueueEngine(config.queues, spec.index, self.outbox)
-            store_dir = Path(config.broker.data_dir) / f"p2p-{spec.index}"
-            store = MessageStore.open(store_dir, config.store)
+            store = MessageStore.open(store_directory(config, "p2p", spec.index), config.store)
             self.persistence = QueuePersistence(store, engine, self.outbox, config)
             self.engine = self.queue_engine = engine
         else:
             topics = TopicEngine(config.topics, spec.index, self.outbox)
             queues = QueueEngine(config.queues, spec.index, self.outbox)
-            data_dir = Path(config.broker.data_dir)
-            store = MessageStore.open(data_dir / f"pubsub-{spec.index}", config.store)
-            self.persistence = QueuePersistence(store, queues, self.outbox, config)
-            registry = DurableRegistry(data_dir / f"pubsub-{spec.index}-durable.db")
-            self.durables = Durables(registry, topics, queues, self.persistence, self.outbox)
+            topic_store = TopicStore(
+                store_directory(config, "pubsub", spec.index),
+                durable_registry(config, spec.index),
+                config.store,
+            )
+            self.durables = Durables(
+                topic_store, topics, queues, self.outbox, config, spec.index, spec.incarnation
+            )
             self.engine = topics
             self.queue_engine = queues
+            batches = Ring.attach(layout.from_replay(spec.index))
+            requests = Ring.attach(layout.to_replay(spec.index))
+            self.rings += [batches, requests]
+            self.replay_bell = Doorbell.attach(
+                layout.replay_bell(layout.replayer_of(spec.index)), missing_ok=True
+            )
+            self.replay_reader = batches.reader()
+            self.park_readers.append(self.replay_reader)
+            self.replay_outlet = Outlet(requests.writer(self.replay_bell))
 
     def announce(self) -> None:
         """Tell every gateway we (re)started so it registers its subscriptions again."""
         hello = PipelineHello(self.spec.index, self.spec.incarnation)
-        for g in range(len(self.writers)):
+        for g in range(len(self.outlets)):
             self.outbox.add(g, hello)
         self.flush()
 
@@ -121,7 +143,7 @@ class Pipeline:
                 record = decode(kind, payload)
                 if isinstance(record, Hello):
                     # That gateway restarted: what we still owed its old connections is moot.
-                    self.backlog[gateway].clear()
+                    self.outlets[gateway].clear()
                     if record.incarnation > 0:
                         log.info("gateway %d restarted: dropping its consumers", gateway)
                 if self.unregistered:
@@ -134,30 +156,49 @@ class Pipeline:
                     self._handle(gateway, record)
         if self.held and (not self.unregistered or time.monotonic() > self.hold_until):
             self._release_held()
-        if self.persistence is not None:
+        if self.durables is not None:
+            busy |= self._replay_step(self.durables)
+        elif self.persistence is not None:
             self.persistence.commit_if_due()
             self.persistence.write_back()
         self.flush()
         return busy
 
+    def _replay_step(self, durables: Durables) -> bool:
+        """Batches from the replay worker; requests for more; the store's write-back."""
+        assert self.replay_reader is not None
+        batch = self.replay_reader.read_batch(self.spec.config.rings.batch_records)
+        for kind, payload in batch:
+            record = records.decode(kind, payload)
+            if isinstance(record, ReplayBatch):
+                durables.replayed(record)
+            elif isinstance(record, ReplayHello):
+                if record.incarnation > 0:
+                    log.info("replay worker %d restarted: asking again", record.worker)
+                durables.replayer_restarted()
+        durables.pump()
+        durables.persistence.commit_if_due()
+        durables.persistence.write_back(self.queue_engine)
+        return bool(batch)
+
     def _handle(self, gateway: int, record: records.Record) -> None:
-        if self.persistence is not None:
+        if self.durables is not None:
             if isinstance(record, Barrier):
                 # A barrier answers for every earlier frame: commit those first.
+                self.durables.persistence.commit()
+            self.durables.handle(gateway, record)
+            return
+        if self.persistence is not None:
+            if isinstance(record, Barrier):
                 self.persistence.commit()
-            elif self.durables is None and isinstance(record, Send) and record.message.persistent:
+            elif isinstance(record, Send) and record.message.persistent:
                 self.persistence.offer(gateway, record)  # the engine gets it once stored
                 return
-        if self.durables is not None:
-            self.durables.handle(gateway, record)
-        else:
-            self.engine.handle(gateway, record)
+        self.engine.handle(gateway, record)
 
     def _expiry(self, now_ms: int) -> None:
         """Keep the queue engine's clock, and scan for expired messages on schedule."""
         engine = self.queue_engine
-        if engine is None:
-            return
         engine.now_ms = now_ms
         interval = self.spec.config.queues.expiry_scan_interval_s
         if interval and now_ms >= self.next_expiry_scan_ms:
@@ -180,19 +221,20 @@ class Pipeline:
 
     def flush(self) -> None:
         for gateway, batch in self.outbox.take().items():
-            backlog = self.backlog[gateway]
+            outlet = self.outlets[gateway]
             for record in batch:
-                backlog.append(records.encode(record))
-        for gateway, backlog in enumerate(self.backlog):
-            if not backlog:
-                continue
-            writer = self.writers[gateway]
-            while backlog:
-                kind, payload = backlog[0]
-                if not writer.stage(kind, payload):
-                    break
-                backlog.popleft()
-            writer.publish()
+                outlet.add(record)
+        for outlet in self.outlets:
+            outlet.flush()
+        if self.replay_outlet is not None and self.durables is not None:
+            for record in self.durables.to_replay:
+                self.replay_outlet.add(record)
+            self.durables.to_replay.clear()
+            self.replay_outlet.flush()
+
+    def _outlets_waiting(self) -> bool:
+        """A ring was full: records wait for a slow or restarting reader."""
+        return any(self.outlets) or bool(self.replay_outlet)
 
     def run(self) -> None:
         park_timeout = self.spec.config.rings.park_timeout_ms / 1000
@@ -201,6 +243,10 @@ class Pipeline:
             restored = self.persistence.recover()
             if restored:
                 log.info("recovered %d persistent messages from the store", restored)
+        if self.durables is not None:
+            orphans = self.durables.recover()
+            if orphans:
+                log.info("settled %d stored topic messages no subscription wanted", orphans)
         self.announce()
         self.slot.pid = os.getpid()
         self.slot.incarnation = self.spec.incarnation
@@ -213,29 +259,38 @@ class Pipeline:
             self.slot.set_counter(COUNTER_DELIVERED, self.engine.delivered)
             if busy:
                 continue
-            due = self.persistence.due_in_s() if self.persistence is not None else None
+            due = self._commit_due_in_s()
             if due is not None:
                 # A batch waits for its commit delay: sleep no longer than that.
-                park(self.readers, self.doorbell, max(0.0, due))
+                park(self.park_readers, self.doorbell, max(0.0, due))
                 continue
             if self.held:
                 # Holding for re-registration: poll until it completes or times out.
-                park(self.readers, self.doorbell, 0.01)
+                park(self.park_readers, self.doorbell, 0.01)
                 continue
-            if any(self.backlog):
+            if self._outlets_waiting():
                 # A gateway is slow or restarting: retry soon rather than park.
                 time.sleep(0.001)
                 continue
             if os.getppid() != parent:
                 log.warning("supervisor is gone: stopping")
                 return
-            park(self.readers, self.doorbell, park_timeout)
+            park(self.park_readers, self.doorbell, park_timeout)
+
+    def _commit_due_in_s(self) -> float | None:
+        if self.durables is not None:
+            return self.durables.persistence.due_in_s()
+        if self.persistence is not None:
+            return self.persistence.due_in_s()
+        return None
 
     def close(self) -> None:
         if self.persistence is not None:
             self.persistence.store.close()
         if self.durables is not None:
-            self.durables.registry.close()
+            self.durables.store.close()
+        if self.replay_bell is not None:
+            self.replay_bell.close()
         for ring in self.rings:
             ring.close()
         for bell in self.gateway_bells:

@@ -73,6 +73,7 @@ class Supervisor:
             self.instance,
             broker.gateway_count(),
             Topology(broker.p2p_workers, broker.pubsub_workers, config.queues.dead_letter_prefix),
+            config.replay.workers,
         )
         self.ctx = multiprocessing.get_context("spawn")
         self.workers: list[_Worker] = []
@@ -99,12 +100,17 @@ class Supervisor:
             self.bells.append(Doorbell.create(layout.gateway_bell(g)))
         for p in range(layout.topology.pipelines):
             self.bells.append(Doorbell.create(layout.pipeline_bell(p)))
+        for r in range(layout.replayers):
+            self.bells.append(Doorbell.create(layout.replay_bell(r)))
         for bell in self.bells:
             bell.close()
         for p in range(layout.topology.pipelines):
             for g in range(layout.gateways):
                 self.rings.append(Ring.create(layout.to_pipeline(g, p), capacity))
                 self.rings.append(Ring.create(layout.to_gateway(p, g), capacity))
+        for p in range(layout.topology.p2p, layout.topology.pipelines):
+            self.rings.append(Ring.create(layout.to_replay(p), capacity))
+            self.rings.append(Ring.create(layout.from_replay(p), capacity))
         total = capacity * len(self.rings)
         log.debug("created %d rings of %d bytes (%d bytes)", len(self.rings), capacity, total)
 
@@ -146,9 +152,7 @@ class Supervisor:
         )
 
     def _slot_index(self, worker: _Worker) -> int:
-        if worker.role == "gateway":
-            return self.layout.gateway_slot(worker.index)
-        return self.layout.pipeline_slot(worker.index)
+        return self.layout.slot(worker.role, worker.index)
 
     def start_worker(self, worker: _Worker) -> None:
         assert self.control is not None
@@ -174,8 +178,10 @@ class Supervisor:
         for p in range(topology.pipelines):
             role, _ = topology.role(p)
             self.workers.append(_Worker(role, p))
-        # Pipelines first: gateways announce themselves to them on start.
-        for worker in sorted(self.workers, key=lambda w: w.role == "gateway"):
+        for r in range(self.layout.replayers):
+            self.workers.append(_Worker("replay", r))
+        # Pipelines first: gateways and replay workers announce themselves to them on start.
+        for worker in sorted(self.workers, key=lambda w: w.role in ("gateway", "replay")):
             self.start_worker(worker)
 
     def wait_ready(self) -> None:

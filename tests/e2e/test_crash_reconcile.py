@@ -123,11 +123,11 @@ def test_kill_9_at_random_moments_loses_no_receipted_message(
     rng = random.Random(20261123)
     broker = start_broker("--gateways", "2")
     ledger = Ledger(port=broker.port)
-    pipeline = "p2p 0"
+    victims = ["gateway 0", "gateway 1", "p2p 0"]
     if kind == "durable topic":
         ledger.destination = "/topic/reconcile"
         ledger.durable = {"activemq.subscriptionName": "reconcile"}
-        pipeline = "pubsub 0"
+        victims = ["gateway 0", "gateway 1", "pubsub 0", "replay 0"]
         # The subscription must exist before the first message is published.
         first = RawClient(broker.host, broker.port)
         try:
@@ -143,7 +143,7 @@ def test_kill_9_at_random_moments_loses_no_receipted_message(
     try:
         for _ in range(5):
             time.sleep(rng.uniform(0.2, 0.8))
-            title = rng.choice(["gateway 0", "gateway 1", pipeline])
+            title = rng.choice(victims)
             victim = broker.workers().get(title)
             if victim is not None:
                 victim.kill()

@@ -41,7 +41,13 @@ def gateway_of(broker: BrokerProcess, client: RawClient) -> str:
 
 def test_process_titles_name_roles(start_broker: type[BrokerProcess]) -> None:
     broker = start_broker("--gateways", "2")
-    assert sorted(broker.workers()) == ["gateway 0", "gateway 1", "p2p 0", "pubsub 0"]
+    assert sorted(broker.workers()) == [
+        "gateway 0",
+        "gateway 1",
+        "p2p 0",
+        "pubsub 0",
+        "replay 0",
+    ]
     assert " ".join(psutil.Process(broker.pid).cmdline()).strip() == "mpbroker: supervisor"
 
 

@@ -7,6 +7,7 @@ import sqlite3
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
 
 from mpbroker.config import StoreSettings
@@ -276,3 +277,64 @@ def test_real_disk_full_mid_batch(tmp_path: Path) -> None:
     with open_store(tmp_path) as store:
         assert [m.seq for m in store.live()] == [1]
         assert store.append([msg(2)]) == [2]
+
+
+def test_live_seqs_from_memory(tmp_path: Path) -> None:
+    with open_store(tmp_path, TINY) as store:
+        assert store.live_seqs() == []
+        for i in range(6):  # across segments
+            store.append([msg(i, priority=9 - i, body=b"x" * 1500)])
+        assert len(store.segments()) > 2
+        store.settle([2, 5], "acked", 0)
+        assert store.live_seqs() == [1, 3, 4, 6]  # ascending, not delivery order
+    with open_store(tmp_path, TINY) as store:
+        assert store.live_seqs() == [1, 3, 4, 6]
+
+
+class _RecordingConnection:
+    """Stands in for a segment's connection and records the SQL it runs."""
+
+    def __init__(self, real: sqlite3.Connection, log: list[str]) -> None:
+        self.real = real
+        self.log = log
+
+    def execute(self, sql: str, *args: Any) -> sqlite3.Cursor:
+        self.log.append(sql)
+        return self.real.execute(sql, *args)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.real, name)
+
+
+def test_live_full_pages_all_but_the_first_n(tmp_path: Path) -> None:
+    prios = [4, 9, 0, 4, 9, 7, 0, 4]
+    with open_store(tmp_path, TINY) as store:
+        for i, p in enumerate(prios):
+            store.append([msg(i, priority=p, body=b"x" * 1500, expires_ms=50_000 + i)])
+        store.record_delivery([4])
+        store.settle([1], "acked", 0)
+    with open_store(tmp_path, TINY) as store:
+        whole = store.live()
+        sql: list[str] = []
+        for seg in store._segments:  # white-box: see which columns are read
+            seg.conn = _RecordingConnection(seg.conn, sql)  # type: ignore[assignment]
+        got = store.live(full=3)
+        assert [m.seq for m in got] == [m.seq for m in whole]  # same delivery order
+        assert got[:3] == whole[:3]  # whole, including headers and body
+        for paged, full in zip(got[3:], whole[3:], strict=True):
+            pm, fm = paged.message, full.message
+            assert pm.paged and not fm.paged
+            assert pm.body == b"" and pm.headers == {}
+            # Everything else is the index entry: same as the whole message.
+            assert msgspec.structs.replace(pm, body=fm.body, headers=fm.headers, paged=False) == fm
+            assert paged.deliveries == full.deliveries
+        assert {m.seq: m.deliveries for m in got} == {m.seq: m.deliveries for m in whole}
+        scans = [s for s in sql if "FROM messages" in s and "WHERE" not in s]
+        assert scans and all("body" not in s and "headers" not in s for s in scans)
+        assert sum(1 for s in sql if "WHERE seq = ?" in s) == 3  # the first 3, read back
+        # A paged one reads back whole.
+        assert store.read(got[5].seq) == whole[5]
+        assert all(m.message.paged for m in store.live(full=0))
+        assert store.live(full=100) == whole
+        with pytest.raises(ValueError, match="full"):
+            store.live(full=-1)

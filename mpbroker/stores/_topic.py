@@ -1,0 +1,741 @@
+"""TopicStore: the persistent store of one pubsub partition's durable topic subscriptions.
+
+A persistent message published to a topic with durable subscriptions is stored ONCE, in the
+partition's :class:`MessageStore` (``data_dir/pubsub-0``), however many durable subscriptions
+it goes to. Who still owes an ack for it is kept apart, in the registry file
+(``data_dir/pubsub-0-durable.db``)::
+
+    subscriptions(name PK, destination, created_ms)    durable name -> topic
+    pending(sub, seq, deliveries) PK (sub, seq)        one row per (subscription, message)
+
+A message is settled in the MessageStore once no pending row references it any more (acked by
+every durable subscription it went to, expired, or its subscriptions removed), so segments are
+retired exactly as for queues. TopicStore keeps nothing per message in memory: an inactive
+subscription's backlog stays on disk and is read back in batches, by :class:`TopicStoreReader`
+in a replay worker process while the owner keeps writing.
+
+Two databases cannot commit together; the write ORDER makes a crash between them harmless:
+
+- append: the message rows commit before their pending rows. A crash in between leaves
+  messages without pending rows (orphans), whose sender never got a receipt; `recover()`
+  settles them at the next start.
+- ack, unsubscribe, expire: the pending deletes commit before the settle. A crash in between
+  leaves orphans too, settled the same way. The reverse order could leave pending rows for
+  settled messages, i.e. deliveries promised for messages that may be gone.
+"""
+
+from __future__ import annotations
+
+import bisect
+import contextlib
+import logging
+import os
+import sqlite3
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from types import TracebackType
+from typing import Any, Final, TypeVar
+
+import msgspec
+import sqlite_utils
+
+from mpbroker.config import StoreSettings
+from mpbroker.records import Message
+
+from ._errors import StoreError, sqlite_detail
+from ._segment import (
+    Migration,
+    applied_migrations,
+    apply_migrations,
+    configure_database,
+    connect_database,
+    segment_index,
+    segment_name,
+)
+from ._store import OUTCOMES, MessageRow, MessageStore
+
+__all__ = ["REGISTRY_MIGRATIONS", "BacklogBatch", "TopicStore", "TopicStoreReader"]
+
+log = logging.getLogger(__name__)
+
+_T = TypeVar("_T")
+
+# -- the registry's schema ----------------------------------------------------------------------
+# Named migrations, as for segments: each runs in its own transaction with its `_migrations`
+# row. Append new ones at the end; never edit or reorder one that has shipped.
+
+
+def _m0001_subscriptions(db: sqlite_utils.Database) -> None:
+    # IF NOT EXISTS: a file written by the first release, before the registry had
+    # migrations, already has this very table (the same columns), and its rows are kept.
+    db.execute(
+        "CREATE TABLE IF NOT EXISTS subscriptions"
+        " ([name] TEXT PRIMARY KEY, [destination] TEXT, [created_ms] INTEGER)"
+    )
+
+
+def _m0002_pending(db: sqlite_utils.Database) -> None:
+    # WITHOUT ROWID: the rows are their key (plus a small counter), and a subscription's
+    # backlog is read in seq order straight off the primary key.
+    db.execute(
+        "CREATE TABLE pending (sub TEXT NOT NULL, seq INTEGER NOT NULL,"
+        " deliveries INTEGER NOT NULL DEFAULT 0, PRIMARY KEY (sub, seq)) WITHOUT ROWID"
+    )
+    # "Does anyone still owe an ack for seq?" after every ack, and the start-up orphan check.
+    db.execute("CREATE INDEX pending_seq ON pending(seq)")
+
+
+REGISTRY_MIGRATIONS: Final[tuple[Migration, ...]] = (
+    ("0001_subscriptions", _m0001_subscriptions),
+    ("0002_pending", _m0002_pending),
+)
+_KNOWN: Final = frozenset(name for name, _ in REGISTRY_MIGRATIONS)
+
+_INSERT_PENDING: Final = "INSERT OR REPLACE INTO pending (sub, seq, deliveries) VALUES (?, ?, 0)"
+_DELETE_PENDING: Final = "DELETE FROM pending WHERE sub = ? AND seq = ?"
+_ANY_PENDING: Final = "SELECT 1 FROM pending WHERE seq = ? LIMIT 1"
+# MessageStore.settle() is one transaction per call; a huge unsubscribe is settled in slices
+# so no single transaction (nor its in-memory statement list) grows without bound.
+_SETTLE_SLICE: Final = 10_000
+
+
+def _open_registry(path: Path, synchronous: str, now_ms: int) -> sqlite_utils.Database:
+    """Open (or create) the registry file and bring its schema up to date."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        db = connect_database(path)
+    except (OSError, sqlite3.Error) as exc:
+        raise StoreError(path, "open", f"cannot open: {exc}") from exc
+    try:
+        try:
+            tables = set(db.table_names())
+        except sqlite3.DatabaseError as exc:
+            raise StoreError(path, "open", f"not an SQLite database ({exc})") from exc
+        if tables and not tables & {"_migrations", "subscriptions"}:
+            raise StoreError(
+                path, "open", f"not an mpbroker durable registry (tables {sorted(tables)[:5]})"
+            )
+        configure_database(db, path, synchronous)
+        db.execute(
+            "CREATE TABLE IF NOT EXISTS _migrations (name TEXT PRIMARY KEY, applied_ms INTEGER)"
+        )
+        unknown = [name for name in applied_migrations(db) if name not in _KNOWN]
+        if unknown:
+            raise StoreError(
+                path,
+                "open",
+                f"registry schema is newer than this mpbroker: unknown migrations {unknown}",
+            )
+        apply_migrations(db, path, now_ms, REGISTRY_MIGRATIONS)
+        return db
+    except sqlite3.Error as exc:
+        db.conn.close()
+        raise StoreError(path, "open", sqlite_detail(exc)) from exc
+    except BaseException:
+        db.conn.close()
+        raise
+
+
+def _slices(seqs: Sequence[int], size: int) -> Iterable[Sequence[int]]:
+    for start in range(0, len(seqs), size):
+        yield seqs[start : start + size]
+
+
+class TopicStore:
+    """One pubsub partition's durable-subscription messages and who still owes acks for them.
+
+    Used by one thread of one process (the partition's pipeline worker), the only writer of
+    both the store directory and the registry file. Call `recover()` once after opening.
+    """
+
+    def __init__(
+        self,
+        directory: Path,
+        registry_path: Path,
+        settings: StoreSettings,
+        *,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.directory = Path(directory)
+        self.registry_path = Path(registry_path)
+        self._clock = clock
+        self._closed = False
+        db = _open_registry(self.registry_path, settings.synchronous, self._now_ms())
+        self._conn: sqlite3.Connection = db.conn
+        try:
+            # Subscriptions only (a handful), never anything per message.
+            self._subscriptions: dict[str, str] = dict(
+                self._conn.execute("SELECT name, destination FROM subscriptions").fetchall()
+            )
+            self.messages: MessageStore = MessageStore.open(self.directory, settings, clock=clock)
+            """The messages themselves, one row each (settled when no pending row is left)."""
+        except BaseException as exc:
+            with contextlib.suppress(sqlite3.Error):
+                self._conn.close()
+            if isinstance(exc, sqlite3.Error):
+                raise StoreError(self.registry_path, "open", sqlite_detail(exc)) from exc
+            raise
+
+    def _now_ms(self) -> int:
+        return int(self._clock() * 1000)
+
+    # -- helpers ------------------------------------------------------------------------------
+
+    def _ensure_open(self, operation: str) -> None:
+        if self._closed:
+            raise StoreError(self.registry_path, operation, "the store is closed")
+
+    def _write(self, operation: str, work: Callable[[sqlite3.Connection], _T]) -> _T:
+        """Run `work` in one registry transaction; StoreError (rolled back) on SQLite errors."""
+        self._ensure_open(operation)
+        conn = self._conn
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+            result = work(conn)
+            conn.execute("COMMIT")
+        except BaseException as exc:
+            # The transaction may already be gone (SQLite rolls back by itself on some errors).
+            with contextlib.suppress(sqlite3.Error):
+                if conn.in_transaction:
+                    conn.execute("ROLLBACK")
+            if isinstance(exc, sqlite3.Error):
+                raise StoreError(self.registry_path, operation, sqlite_detail(exc)) from exc
+            raise
+        return result
+
+    def _query(self, operation: str, sql: str, params: Sequence[object]) -> list[tuple[int, ...]]:
+        self._ensure_open(operation)
+        try:
+            return self._conn.execute(sql, params).fetchall()
+        except sqlite3.Error as exc:
+            raise StoreError(self.registry_path, operation, sqlite_detail(exc)) from exc
+
+    def _settle(self, seqs: Sequence[int], outcome: str, at_ms: int) -> None:
+        for part in _slices(seqs, _SETTLE_SLICE):
+            self.messages.settle(part, outcome, at_ms)
+
+    # -- subscriptions ------------------------------------------------------------------------
+
+    def subscriptions(self) -> dict[str, str]:
+        """Durable subscription name -> its topic destination."""
+        return dict(self._subscriptions)
+
+    def subscribe(self, name: str, destination: str) -> None:
+        """Create or replace the durable subscription `name` (it survives restarts, even with
+        an empty backlog). Replacing keeps its pending rows: remove it first to drop them."""
+        self._write(
+            "subscribe",
+            lambda conn: conn.execute(
+                "INSERT OR REPLACE INTO subscriptions (name, destination, created_ms)"
+                " VALUES (?, ?, ?)",
+                (name, destination, self._now_ms()),
+            ),
+        )
+        self._subscriptions[name] = destination
+
+    def unsubscribe(self, name: str, at_ms: int) -> int:
+        """Remove the durable subscription `name` with its backlog; the number of pending rows
+        removed. Messages no other subscription needs are settled as `unsubscribed`."""
+
+        def work(conn: sqlite3.Connection) -> tuple[list[int], int]:
+            orphans = [
+                seq
+                for (seq,) in conn.execute(
+                    "SELECT p.seq FROM pending AS p WHERE p.sub = ? AND NOT EXISTS"
+                    " (SELECT 1 FROM pending AS q WHERE q.seq = p.seq AND q.sub <> ?)"
+                    " ORDER BY p.seq",
+                    (name, name),
+                ).fetchall()
+            ]
+            removed = conn.execute("DELETE FROM pending WHERE sub = ?", (name,)).rowcount
+            conn.execute("DELETE FROM subscriptions WHERE name = ?", (name,))
+            return orphans, removed
+
+        orphans, removed = self._write("unsubscribe", work)
+        self._subscriptions.pop(name, None)
+        self._settle(orphans, "unsubscribed", at_ms)
+        return removed
+
+    # -- messages -----------------------------------------------------------------------------
+
+    def append(self, entries: Sequence[tuple[Message, Sequence[str]]]) -> list[int]:
+        """Store each message once, owed to the durable subscriptions named with it; their
+        seqs, in order.
+
+        One MessageStore transaction (the group-commit unit), then one registry transaction
+        for the pending rows. On StoreError nothing of the batch is owed to anyone (refuse
+        the sends): messages stored before the pending insert failed are settled here at
+        best, or by `recover()` at the next start. ValueError for a message without
+        subscriptions or for a name that is not a durable subscription, before any write.
+        """
+        self._ensure_open("append()")
+        if not entries:
+            return []
+        for message, names in entries:
+            if isinstance(names, str):
+                raise TypeError(f"message {message.message_id!r}: names must be a list, not a str")
+            if not names:
+                raise ValueError(f"message {message.message_id!r}: no durable subscription")
+            for name in names:
+                if name not in self._subscriptions:
+                    raise ValueError(f"{name!r} is not a durable subscription")
+        seqs = self.messages.append([message for message, _ in entries])
+        rows = [
+            (name, seq)
+            for seq, (_, names) in zip(seqs, entries, strict=True)
+            for name in dict.fromkeys(names)
+        ]
+        try:
+            self._write("append", lambda conn: conn.executemany(_INSERT_PENDING, rows))
+        except StoreError:
+            # Not owed to anyone: do not leave them live until the next start.
+            with contextlib.suppress(StoreError):
+                self._settle(seqs, "unsubscribed", self._now_ms())
+            raise
+        return seqs
+
+    def last_seq(self, name: str) -> int:
+        """The highest seq subscription `name` still owes an ack for; 0 when none."""
+        rows = self._query("last_seq", "SELECT MAX(seq) FROM pending WHERE sub = ?", (name,))
+        return rows[0][0] or 0
+
+    def backlog(self, name: str) -> int:
+        """How many messages subscription `name` still owes an ack for."""
+        rows = self._query("backlog", "SELECT COUNT(*) FROM pending WHERE sub = ?", (name,))
+        return rows[0][0]
+
+    def ack(self, pairs: Sequence[tuple[str, int]], outcome: str, at_ms: int) -> None:
+        """The (subscription, seq) pairs are done with (`outcome` as in MessageStore.settle):
+        their pending rows go, in one transaction; then every seq among them nobody owes any
+        more is settled with `outcome`. Unknown pairs are ignored."""
+        if outcome not in OUTCOMES:
+            raise ValueError(f"outcome {outcome!r}: must be one of {sorted(OUTCOMES)}")
+        if not pairs:
+            return
+
+        def work(conn: sqlite3.Connection) -> list[int]:
+            conn.executemany(_DELETE_PENDING, pairs)
+            return [
+                seq
+                for seq in sorted({seq for _, seq in pairs})
+                if conn.execute(_ANY_PENDING, (seq,)).fetchone() is None
+            ]
+
+        self._settle(self._write("ack", work), outcome, at_ms)
+
+    def returned(self, pairs: Sequence[tuple[str, int]]) -> None:
+        """A delivery of each (subscription, seq) came back (NACK, subscriber gone): count it,
+        so the next delivery is flagged redelivered. Unknown pairs are ignored."""
+        if not pairs:
+            return
+        self._write(
+            "returned",
+            lambda conn: conn.executemany(
+                "UPDATE pending SET deliveries = deliveries + 1 WHERE sub = ? AND seq = ?", pairs
+            ),
+        )
+
+    def expire(self, seqs: Sequence[int], at_ms: int) -> None:
+        """Drop the messages `seqs` for every subscription and settle them as `expired`."""
+        if not seqs:
+            return
+        self._write(
+            "expire",
+            lambda conn: conn.executemany(
+                "DELETE FROM pending WHERE seq = ?", [(seq,) for seq in seqs]
+            ),
+        )
+        self._settle(seqs, "expired", at_ms)
+
+    def expired(self, now_ms: int, limit: int) -> list[int]:
+        """Seqs of stored messages past their expiry (see MessageStore.expired)."""
+        return self.messages.expired(now_ms, limit)
+
+    def recover(self, at_ms: int) -> int:
+        """Make the two databases agree after a crash; the number of orphans settled.
+
+        Settles (as `unsubscribed`) every live message nobody owes an ack for: a crash came
+        between an append's two commits, or between an ack's delete and its settle. Deletes
+        the pending rows of settled messages and of removed subscriptions.
+        """
+        live = self.messages.live_seqs()
+
+        def work(conn: sqlite3.Connection) -> tuple[list[int], list[int]]:
+            gone_subs = conn.execute(
+                "DELETE FROM pending WHERE sub NOT IN (SELECT name FROM subscriptions)"
+            ).rowcount
+            if gone_subs:
+                log.info(
+                    "topic store %s: %d pending rows of removed subscriptions",
+                    self.registry_path,
+                    gone_subs,
+                )
+            # Merge two ascending streams: live seqs and seqs with pending rows.
+            orphans: list[int] = []
+            stale: list[int] = []
+            i = 0
+            cursor = conn.execute("SELECT DISTINCT seq FROM pending ORDER BY seq")
+            while rows := cursor.fetchmany(4096):
+                for (seq,) in rows:
+                    while i < len(live) and live[i] < seq:
+                        orphans.append(live[i])
+                        i += 1
+                    if i < len(live) and live[i] == seq:
+                        i += 1
+                    else:
+                        stale.append(seq)
+            orphans.extend(live[i:])
+            conn.executemany("DELETE FROM pending WHERE seq = ?", [(seq,) for seq in stale])
+            return orphans, stale
+
+        orphans, stale = self._write("recover", work)
+        if orphans or stale:
+            log.info(
+                "topic store %s: settled %d messages owed to nobody, dropped pending rows of %d"
+                " settled messages",
+                self.directory,
+                len(orphans),
+                len(stale),
+            )
+        self._settle(orphans, "unsubscribed", at_ms)
+        return len(orphans)
+
+    # -- closing ------------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Close the registry and the message store (idempotent)."""
+        if self._closed:
+            return
+        self._closed = True
+        with contextlib.suppress(sqlite3.Error):
+            self._conn.close()
+        self.messages.close()
+
+    def __enter__(self) -> TopicStore:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+
+# -- reading the backlog from another process ---------------------------------------------------
+
+_decode_headers = msgspec.msgpack.Decoder(dict[str, str]).decode
+
+_SELECT_FULL: Final = (
+    "SELECT seq, message_id, destination, headers, body, timestamp_ms, priority, expires_ms,"
+    " size FROM messages WHERE seq IN "
+)
+_SELECT_LIGHT: Final = "SELECT seq, expires_ms, size FROM messages WHERE seq IN "
+# Seqs per IN (...) list: well below SQLite's limit on bound parameters.
+_IN_SLICE: Final = 500
+# Pending rows fetched beyond max_messages per query, for expired or settled rows met.
+_PAGE_SLACK: Final = 32
+# Segment files kept open by a reader; a batch touches one or two, a catch-up moves forward.
+_MAX_OPEN_SEGMENTS: Final = 8
+
+
+@dataclass(frozen=True, slots=True)
+class BacklogBatch:
+    """What `TopicStoreReader.batch()` found for one subscription."""
+
+    messages: list[Message]
+    """In seq order; `persistent`, `seq`, `size` and `deliveries` set, `redelivered` is
+    `deliveries > 0`."""
+    expired: list[int]
+    """Seqs met on the way whose expiry has passed (not in `messages`): expire them."""
+    scanned_upto: int
+    """Every pending row of the subscription with seq <= this was looked at (delivered,
+    expired, or settled meanwhile): ask for the next batch after it."""
+    more: bool
+    """True when the batch stopped at a limit with rows left; False when there was no pending
+    row after `scanned_upto`."""
+    bytes: int
+    """Sum of the sizes of `messages`."""
+
+
+@dataclass(slots=True)
+class _SegmentFile:
+    index: int
+    path: Path
+    inode: int
+    base_seq: int
+
+
+def _uri(path: Path) -> str:
+    # mode=rw: never create a database. A plain connect to the path of a segment retired
+    # meanwhile would leave an empty database file there.
+    return path.absolute().as_uri() + "?mode=rw"
+
+
+class TopicStoreReader:
+    """Reads durable subscriptions' backlogs from a TopicStore's files while its owner, in
+    another process, writes them.
+
+    Read-only (`query_only`) connections opened with ``mode=rw``; no read transaction is
+    held between calls (every statement sees the latest commit and never holds back the
+    writer's checkpoints). The pending rows are the truth: a message whose row or segment is
+    gone by the time it is read was settled meanwhile and is skipped.
+    """
+
+    def __init__(self, directory: Path, registry_path: Path) -> None:
+        self.directory = Path(directory)
+        self.registry_path = Path(registry_path)
+        self._closed = False
+        self._registry = self._connect(self.registry_path)
+        self._known: dict[int, _SegmentFile] = {}  # segment index -> file present
+        self._order: list[_SegmentFile] = []  # ascending base_seq
+        self._bases: list[int] = []
+        self._conns: OrderedDict[int, sqlite3.Connection] = OrderedDict()  # LRU by index
+        if not self.directory.is_dir():
+            self._registry.close()
+            raise StoreError(self.directory, "open", "no such store directory")
+
+    @staticmethod
+    def _connect(path: Path) -> sqlite3.Connection:
+        try:
+            conn = sqlite3.connect(_uri(path), uri=True, isolation_level=None)
+        except sqlite3.Error as exc:
+            raise StoreError(path, "open", f"cannot open: {sqlite_detail(exc)}") from exc
+        try:
+            conn.execute("PRAGMA query_only=1")
+        except sqlite3.Error as exc:
+            conn.close()
+            raise StoreError(path, "open", sqlite_detail(exc)) from exc
+        return conn
+
+    # -- segment files ------------------------------------------------------------------------
+
+    def _refresh(self) -> None:
+        """Sync the known segment files with the directory: a listing is cheap next to the
+        queries of a batch, and an unlinked file still answers through an open connection,
+        so only the listing tells that it was retired."""
+        try:
+            listed = {
+                index: entry.inode()
+                for entry in os.scandir(self.directory)
+                if (index := segment_index(entry.name)) is not None
+            }
+        except OSError as exc:
+            raise StoreError(self.directory, "list segments", str(exc)) from exc
+        for index, known in list(self._known.items()):
+            if listed.get(index) != known.inode:
+                del self._known[index]
+                self._drop(index)
+        for index, inode in listed.items():
+            if index in self._known:
+                continue
+            path = self.directory / segment_name(index)
+            conn = self._open_segment(index, path)
+            if conn is None:
+                continue
+            try:
+                # fetchall: a cursor left mid-way would keep a read transaction open.
+                rows = conn.execute("SELECT value FROM meta WHERE key = 'base_seq'").fetchall()
+            except sqlite3.Error as exc:
+                self._drop(index)
+                raise StoreError(path, "read", sqlite_detail(exc)) from exc
+            if not rows:
+                self._drop(index)
+                raise StoreError(path, "read", "not an mpbroker store segment (no base_seq)")
+            self._known[index] = _SegmentFile(index, path, inode, int(rows[0][0]))
+        self._order = sorted(self._known.values(), key=lambda f: f.base_seq)
+        self._bases = [f.base_seq for f in self._order]
+        for index in [i for i in self._conns if i not in self._known]:
+            self._drop(index)
+
+    def _open_segment(self, index: int, path: Path) -> sqlite3.Connection | None:
+        """A connection to segment `index`, most recently used; None when the file is gone."""
+        conn = self._conns.get(index)
+        if conn is not None:
+            self._conns.move_to_end(index)
+            return conn
+        try:
+            conn = self._connect(path)
+        except StoreError:
+            if not path.exists():
+                return None  # retired since it was listed
+            raise
+        self._conns[index] = conn
+        while len(self._conns) > _MAX_OPEN_SEGMENTS:
+            _, oldest = self._conns.popitem(last=False)
+            with contextlib.suppress(sqlite3.Error):
+                oldest.close()
+        return conn
+
+    def _drop(self, index: int) -> None:
+        conn = self._conns.pop(index, None)
+        if conn is not None:
+            with contextlib.suppress(sqlite3.Error):
+                conn.close()
+
+    def _by_segment(self, seqs: Iterable[int]) -> dict[int, list[int]]:
+        """Segment index -> the seqs it would hold (a seq whose segment is gone maps to an
+        older one, where it is simply not found)."""
+        grouped: dict[int, list[int]] = {}
+        for seq in seqs:
+            i = bisect.bisect_right(self._bases, seq) - 1
+            if i >= 0:
+                grouped.setdefault(self._order[i].index, []).append(seq)
+        return grouped
+
+    def _select(self, sql: str, seqs: Iterable[int]) -> list[Any]:
+        """Rows of `sql` + "(seq, ...)" for the seqs found, from whichever segments hold them."""
+        rows: list[Any] = []
+        for index, part in self._by_segment(seqs).items():
+            path = self._known[index].path
+            conn = self._open_segment(index, path)
+            if conn is None:
+                continue
+            try:
+                for chunk in _slices(part, _IN_SLICE):
+                    marks = ",".join("?" * len(chunk))
+                    rows.extend(conn.execute(f"{sql}({marks})", chunk).fetchall())
+            except sqlite3.Error as exc:
+                raise StoreError(path, "read", sqlite_detail(exc)) from exc
+        return rows
+
+    # -- batches ------------------------------------------------------------------------------
+
+    def batch(
+        self,
+        name: str,
+        after_seq: int,
+        *,
+        max_messages: int,
+        max_bytes: int,
+        at_least_one: bool,
+        now_ms: int,
+        redeliver_below: int,
+    ) -> BacklogBatch:
+        """The next messages subscription `name` owes acks for, after `after_seq`.
+
+        Stops before a message that would take the batch past `max_bytes` (unless the batch
+        is empty and `at_least_one`: a message larger than every limit still goes, alone)
+        and at `max_messages`. Expired rows do not count toward the limits but a batch looks
+        at no more than max(1024, 4 x max_messages) rows, so a long run of them is reported
+        over several batches. Messages with seq < `redeliver_below` count one delivery more
+        (they were in flight when their subscriber went away, say).
+        """
+        if self._closed:
+            raise StoreError(self.registry_path, "batch", "the reader is closed")
+        if max_messages < 1:
+            raise ValueError(f"max_messages = {max_messages}: must be >= 1")
+        page = max_messages + _PAGE_SLACK
+        scan_limit = max(1024, 4 * max_messages)
+        chosen: list[tuple[int, int]] = []  # (seq, deliveries)
+        expired: list[int] = []
+        scanned_upto = after_seq
+        scanned = 0
+        total = 0
+        more = False
+        cursor_seq = after_seq
+        while True:
+            try:
+                rows: list[tuple[int, int]] = self._registry.execute(
+                    "SELECT seq, deliveries FROM pending WHERE sub = ? AND seq > ?"
+                    " ORDER BY seq LIMIT ?",
+                    (name, cursor_seq, page),
+                ).fetchall()
+            except sqlite3.Error as exc:
+                raise StoreError(self.registry_path, "batch", sqlite_detail(exc)) from exc
+            if not rows:
+                break
+            # After the pending rows: their messages committed earlier, so their segment files
+            # are listed now unless retired since (settled meanwhile).
+            self._refresh()
+            light: dict[int, tuple[int, int]] = {
+                seq: (expires_ms, size)
+                for seq, expires_ms, size in self._select(_SELECT_LIGHT, (s for s, _ in rows))
+            }
+            for seq, deliveries in rows:
+                if scanned >= scan_limit:
+                    more = True
+                    break
+                found = light.get(seq)
+                if found is not None:
+                    expires_ms, size = found
+                    if 0 < expires_ms <= now_ms:
+                        expired.append(seq)
+                    else:
+                        fits = total + size <= max_bytes or (at_least_one and not chosen)
+                        if len(chosen) >= max_messages or not fits:
+                            more = True
+                            break
+                        chosen.append((seq, deliveries))
+                        total += size
+                scanned_upto = seq
+                scanned += 1
+            if more or len(rows) < page:
+                break
+            cursor_seq = rows[-1][0]
+        messages = self._messages(chosen, redeliver_below)
+        return BacklogBatch(
+            messages=messages,
+            expired=expired,
+            scanned_upto=scanned_upto,
+            more=more,
+            bytes=sum(m.size for m in messages),
+        )
+
+    def _messages(self, chosen: list[tuple[int, int]], redeliver_below: int) -> list[Message]:
+        if not chosen:
+            return []
+        full: dict[int, MessageRow] = {
+            row[0]: row for row in self._select(_SELECT_FULL, (seq for seq, _ in chosen))
+        }
+        messages: list[Message] = []
+        for seq, pending_deliveries in chosen:
+            row = full.get(seq)
+            if row is None:
+                continue  # its segment was retired between the two reads: settled meanwhile
+            _, message_id, destination, headers, body, timestamp_ms, priority, expires_ms, size = (
+                row
+            )
+            deliveries = pending_deliveries + (1 if seq < redeliver_below else 0)
+            messages.append(
+                Message(
+                    message_id=message_id,
+                    destination=destination,
+                    headers=_decode_headers(headers),
+                    body=body,
+                    timestamp_ms=timestamp_ms,
+                    persistent=True,
+                    priority=priority,
+                    expires_ms=expires_ms,
+                    redelivered=deliveries > 0,
+                    size=size,
+                    seq=seq,
+                    deliveries=deliveries,
+                )
+            )
+        return messages
+
+    def close(self) -> None:
+        """Close every connection (idempotent)."""
+        if self._closed:
+            return
+        self._closed = True
+        for index in list(self._conns):
+            self._drop(index)
+        with contextlib.suppress(sqlite3.Error):
+            self._registry.close()
+
+    def __enter__(self) -> TopicStoreReader:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()

@@ -1,0 +1,212 @@
+"""Replay worker: reads durable subscriptions' stored backlogs for their pubsub owners.
+
+A durable subscriber coming back asks its owner (the pubsub worker of its topic) for what
+waited for it. The owner asks us, batch by batch (`ReplayRequest`); we read the batch from
+the owner's topic store through our own SQLite connections (WAL: readers never block the
+writer) and send it back (`ReplayBatch`). The owner delivers it: it keeps the subscriber's
+window, its acknowledgements and the seam between replay and live delivery, as the only
+writer of that subscription's state. The reading - SQLite, decoding bodies - happens here,
+so a subscriber returning to a large backlog does not stall the owner's live traffic.
+
+Budgets (`[replay]`): `ReplayScheduler`. With several replay workers, `max_concurrent` and
+`global_bytes` are shared out evenly among them.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import signal
+from types import FrameType
+
+from mpbroker import records
+from mpbroker.clock import epoch_ms
+from mpbroker.engine import ReplayKey, ReplayScheduler
+from mpbroker.records import ReplayBatch, ReplayHello, ReplayRelease, ReplayRequest
+from mpbroker.shm import STATE_READY, ControlBlock, Doorbell, Ring, RingReader, park
+from mpbroker.stores import StoreError, TopicStoreReader
+
+from ._layout import WorkerSpec, durable_registry, store_directory
+from ._outlet import Outlet
+
+__all__ = ["run_replay"]
+
+log = logging.getLogger("mpbroker.replay")
+
+COUNTER_BATCHES = 0
+COUNTER_MESSAGES = 1
+
+
+class _Stop(Exception):
+    pass
+
+
+def _on_signal(signum: int, frame: FrameType | None) -> None:
+    raise _Stop
+
+
+class ReplayWorker:
+    def __init__(self, spec: WorkerSpec) -> None:
+        self.spec = spec
+        layout = spec.layout
+        config = spec.config
+        self.control = ControlBlock.attach(layout.control)
+        self.slot = self.control.slot(spec.slot)
+        self.doorbell = Doorbell.create(layout.replay_bell(spec.index))
+        self.partitions = layout.served_by(spec.index)
+        self.rings: list[Ring] = []
+        self.bells: list[Doorbell] = []
+        self.readers: list[tuple[int, RingReader]] = []
+        self.outlets: dict[int, Outlet] = {}
+        for p in self.partitions:
+            bell = Doorbell.attach(layout.pipeline_bell(p), missing_ok=True)
+            requests = Ring.attach(layout.to_replay(p))
+            batches = Ring.attach(layout.from_replay(p))
+            self.rings += [requests, batches]
+            self.bells.append(bell)
+            self.readers.append((p, requests.reader()))
+            self.outlets[p] = Outlet(batches.writer(bell))
+        replay = config.replay
+        share = layout.replayers
+        self.scheduler = ReplayScheduler(
+            max_concurrent=math.ceil(replay.max_concurrent / share),
+            global_bytes=max(replay.replay_bytes, replay.global_bytes // share),
+            batch_messages=replay.replay_messages,
+            batch_bytes=replay.replay_bytes,
+        )
+        self.stores: dict[int, TopicStoreReader] = {}
+        self.batches = 0
+        self.messages = 0
+        # (messages, batches) replayed per subscription, logged when it is released.
+        self.progress: dict[ReplayKey, tuple[int, int]] = {}
+
+    def _store(self, partition: int) -> TopicStoreReader:
+        store = self.stores.get(partition)
+        if store is None:
+            config = self.spec.config
+            store = TopicStoreReader(
+                store_directory(config, "pubsub", partition), durable_registry(config, partition)
+            )
+            self.stores[partition] = store
+        return store
+
+    def announce(self) -> None:
+        hello = ReplayHello(self.spec.index, self.spec.incarnation)
+        for outlet in self.outlets.values():
+            outlet.add(hello)
+        self.flush()
+
+    def step(self) -> bool:
+        """Take the owners' requests, read what the budget allows; True if busy."""
+        busy = False
+        for _, reader in self.readers:
+            for kind, payload in reader.read_batch(self.spec.config.rings.batch_records):
+                busy = True
+                record = records.decode(kind, payload)
+                if isinstance(record, ReplayRequest):
+                    self.scheduler.request(record)
+                elif isinstance(record, ReplayRelease):
+                    self.scheduler.release(record.partition, record.name)
+                    self._released(record)
+        while (grant := self.scheduler.next_grant()) is not None:
+            request = grant.request
+            try:
+                batch = self._store(request.partition).batch(
+                    request.name,
+                    request.after_seq,
+                    max_messages=grant.max_messages,
+                    max_bytes=grant.max_bytes,
+                    at_least_one=grant.at_least_one,
+                    now_ms=epoch_ms(),
+                    redeliver_below=request.redeliver_below,
+                )
+            except StoreError as exc:
+                # The owner keeps waiting; we retry at the next wake-up with a fresh
+                # connection (the store may have been in the middle of a change).
+                log.error("cannot read the backlog of %r: %s", request.name, exc)
+                self.stores.pop(request.partition).close()
+                break
+            fitted = bool(batch.messages) or not batch.more
+            self.scheduler.sent(grant, batch.bytes, fitted=fitted)
+            if not fitted:
+                continue
+            busy = True
+            self.outlets[request.partition].add(
+                ReplayBatch(
+                    request.name,
+                    request.request_id,
+                    batch.messages,
+                    batch.expired,
+                    batch.scanned_upto,
+                    batch.more,
+                )
+            )
+            self.batches += 1
+            self.messages += len(batch.messages)
+            messages, batches = self.progress.get(grant.key, (0, 0))
+            self.progress[grant.key] = (messages + len(batch.messages), batches + 1)
+        self.flush()
+        return busy
+
+    def _released(self, release: ReplayRelease) -> None:
+        for key in [k for k in self.progress if k[0] == release.partition]:
+            if release.name and key[1] != release.name:
+                continue
+            messages, batches = self.progress.pop(key)
+            if messages and release.name:
+                log.info(
+                    "durable subscription %r: replayed %d messages in %d batches",
+                    key[1],
+                    messages,
+                    batches,
+                )
+
+    def flush(self) -> None:
+        for outlet in self.outlets.values():
+            outlet.flush()
+
+    def run(self) -> None:
+        park_timeout = self.spec.config.rings.park_timeout_ms / 1000
+        parent = os.getppid()
+        self.announce()
+        self.slot.pid = os.getpid()
+        self.slot.incarnation = self.spec.incarnation
+        self.slot.beat()
+        self.slot.state = STATE_READY
+        readers = [reader for _, reader in self.readers]
+        while True:
+            busy = self.step()
+            self.slot.beat()
+            self.slot.set_counter(COUNTER_BATCHES, self.batches)
+            self.slot.set_counter(COUNTER_MESSAGES, self.messages)
+            if busy:
+                continue
+            if os.getppid() != parent:
+                log.warning("supervisor is gone: stopping")
+                return
+            # A full ring to an owner, or a read that failed: retry soon.
+            waiting = any(self.outlets.values()) or self.scheduler.busy
+            park(readers, self.doorbell, 0.01 if waiting else park_timeout)
+
+    def close(self) -> None:
+        for store in self.stores.values():
+            store.close()
+        for ring in self.rings:
+            ring.close()
+        for bell in self.bells:
+            bell.close()
+        self.doorbell.close()
+        self.control.close()
+
+
+def run_replay(spec: WorkerSpec) -> None:
+    signal.signal(signal.SIGTERM, _on_signal)
+    signal.signal(signal.SIGINT, _on_signal)
+    worker = ReplayWorker(spec)
+    try:
+        worker.run()
+    except _Stop:
+        log.debug("stopping on signal")
+    finally:
+        worker.close()

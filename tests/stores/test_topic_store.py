@@ -1,0 +1,569 @@
+"""TopicStore and TopicStoreReader on real SQLite files: ack accounting across durable
+subscriptions, crash recovery, and a reader following a writer."""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from mpbroker.config import StoreSettings
+from mpbroker.records import Message, message_size
+from mpbroker.stores import (
+    REGISTRY_MIGRATIONS,
+    StoreError,
+    TopicStore,
+    TopicStoreReader,
+)
+
+# Tiny segments so a few messages roll them; synchronous=normal: no fsync per test commit.
+TINY = StoreSettings(segment_max_bytes=4096, segment_max_age_s=0, synchronous="normal")
+BIG = 10**9
+
+
+def tmsg(i: int, *, expires_ms: int = 0, body: bytes | None = None) -> Message:
+    return Message(
+        message_id=f"t{i}",
+        destination="/topic/t",
+        headers={"n": str(i)},
+        body=f"body {i}".encode() if body is None else body,
+        timestamp_ms=1_000 + i,
+        persistent=True,
+        expires_ms=expires_ms,
+    )
+
+
+def paths(root: Path) -> tuple[Path, Path]:
+    return root / "pubsub-0", root / "pubsub-0-durable.db"
+
+
+def open_topic(root: Path, s: StoreSettings = TINY) -> TopicStore:
+    return TopicStore(*paths(root), s)
+
+
+def open_reader(root: Path) -> TopicStoreReader:
+    return TopicStoreReader(*paths(root))
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Iterator[TopicStore]:
+    with open_topic(tmp_path) as s:
+        for name in ("a", "b", "c"):
+            s.subscribe(name, "/topic/t")
+        yield s
+
+
+def outcomes(directory: Path) -> dict[int, str]:
+    """seq -> outcome, from the settlement rows of the segment files present."""
+    found: dict[int, str] = {}
+    for seg in sorted(directory.glob("seg-*.db")):
+        conn = sqlite3.connect(f"{seg.absolute().as_uri()}?mode=ro", uri=True)
+        try:
+            found.update(conn.execute("SELECT seq, outcome FROM settlements"))
+        finally:
+            conn.close()
+    return found
+
+
+def pending(store: TopicStore) -> set[tuple[str, int]]:
+    return set(store._conn.execute("SELECT sub, seq FROM pending"))  # white-box
+
+
+def batch(reader: TopicStoreReader, name: str, after: int = 0, **kw: Any) -> Any:
+    args: dict[str, Any] = {
+        "max_messages": 100,
+        "max_bytes": BIG,
+        "at_least_one": True,
+        "now_ms": 0,
+        "redeliver_below": 0,
+    }
+    args.update(kw)
+    return reader.batch(name, after, **args)
+
+
+# -- TopicStore ---------------------------------------------------------------------------------
+
+
+def test_a_message_stays_until_every_subscriber_acked(store: TopicStore, tmp_path: Path) -> None:
+    s1, s2, s3 = store.append([(tmsg(1), ["a", "b", "c"]), (tmsg(2), ["a", "b"]), (tmsg(3), ["c"])])
+    assert (s1, s2, s3) == (1, 2, 3)
+    assert [store.backlog(n) for n in "abc"] == [2, 2, 2]
+    assert [store.last_seq(n) for n in "abc"] == [2, 2, 3]
+    assert store.backlog("nobody") == 0 and store.last_seq("nobody") == 0
+    store.ack([("a", s1), ("b", s1)], "acked", 10)
+    assert store.messages.live_seqs() == [1, 2, 3]  # c still owes s1
+    store.ack([("c", s1), ("c", s3), ("zzz", s2), ("a", 999)], "dead-lettered", 11)
+    assert store.messages.live_seqs() == [2]
+    store.ack([("a", s2)], "acked", 12)
+    store.ack([("a", s2)], "acked", 12)  # twice: ignored
+    assert store.messages.live_seqs() == [2]
+    store.ack([("b", s2)], "acked", 13)
+    assert store.messages.live_seqs() == []
+    assert outcomes(tmp_path / "pubsub-0") == {1: "dead-lettered", 2: "acked", 3: "dead-lettered"}
+    assert pending(store) == set()
+    with pytest.raises(ValueError, match="outcome"):
+        store.ack([("a", 1)], "lost", 0)
+
+
+def test_segments_retire_once_every_subscriber_acked(store: TopicStore, tmp_path: Path) -> None:
+    body = b"x" * 1500
+    seqs = [store.append([(tmsg(i, body=body), ["a", "b"])])[0] for i in range(8)]
+    first_segments = len(store.messages.segments())
+    assert first_segments > 3
+    store.ack([("a", s) for s in seqs], "acked", 1)
+    assert len(store.messages.segments()) == first_segments  # b still owes all of them
+    store.ack([("b", s) for s in seqs[:-1]], "acked", 2)
+    infos = store.messages.segments()
+    assert len(infos) < first_segments
+    assert infos[0].first_seq == seqs[-1]  # only the segment still holding the last one left
+    store.ack([("b", seqs[-1])], "acked", 3)
+    store.append([(tmsg(99), ["a"])])  # rolls past the full active segment: all retirable
+    assert len(store.messages.segments()) <= 2
+    assert store.messages.statistics().retired_segments >= first_segments - 1
+
+
+def test_unsubscribe_settles_only_what_nobody_else_needs(store: TopicStore, tmp_path: Path) -> None:
+    s1, s2, s3 = store.append([(tmsg(1), ["a", "b"]), (tmsg(2), ["a"]), (tmsg(3), ["b", "c"])])
+    assert store.unsubscribe("a", 50) == 2
+    assert store.subscriptions() == {"b": "/topic/t", "c": "/topic/t"}
+    assert store.messages.live_seqs() == [s1, s3]
+    assert outcomes(tmp_path / "pubsub-0") == {s2: "unsubscribed"}
+    assert pending(store) == {("b", s1), ("b", s3), ("c", s3)}
+    assert store.unsubscribe("a", 51) == 0  # gone already
+    assert store.unsubscribe("b", 52) == 2
+    assert store.messages.live_seqs() == [s3]
+    with pytest.raises(ValueError, match="'a' is not a durable subscription"):
+        store.append([(tmsg(4), ["a"])])
+
+
+def test_append_refuses_bad_entries_before_writing(store: TopicStore) -> None:
+    with pytest.raises(ValueError, match="no durable subscription"):
+        store.append([(tmsg(1), ["a"]), (tmsg(2), [])])
+    with pytest.raises(ValueError, match="not a durable subscription"):
+        store.append([(tmsg(1), ["a", "ghost"])])
+    with pytest.raises(TypeError, match="not a str"):
+        store.append([(tmsg(1), "a")])
+    assert store.append([]) == []
+    assert store.messages.live_seqs() == []
+    assert store.append([(tmsg(1), ["a", "a", "b"])]) == [1]  # a name twice: one row
+    assert pending(store) == {("a", 1), ("b", 1)}
+
+
+class _FailingExecutemany:
+    """Stands in for the registry connection; the pending insert fails like a full disk."""
+
+    def __init__(self, real: sqlite3.Connection) -> None:
+        self.real = real
+
+    def executemany(self, sql: str, *args: Any) -> sqlite3.Cursor:
+        raise sqlite3.OperationalError("database or disk is full")
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.real, name)
+
+
+def test_failed_pending_insert_refuses_and_settles_the_batch(
+    store: TopicStore, tmp_path: Path
+) -> None:
+    store.append([(tmsg(1), ["a"])])
+    real = store._conn  # white-box
+    store._conn = _FailingExecutemany(real)  # type: ignore[assignment]
+    with pytest.raises(StoreError, match="disk is full") as info:
+        store.append([(tmsg(2), ["a"]), (tmsg(3), ["b"])])
+    assert info.value.path == tmp_path / "pubsub-0-durable.db"
+    assert info.value.operation == "append"
+    assert not real.in_transaction
+    store._conn = real
+    assert store.messages.live_seqs() == [1]  # the refused batch is not left live
+    assert outcomes(tmp_path / "pubsub-0") == {2: "unsubscribed", 3: "unsubscribed"}
+    assert store.append([(tmsg(4), ["a"])]) == [4]
+    assert pending(store) == {("a", 1), ("a", 4)}
+
+
+def test_returned_counts_deliveries(store: TopicStore, tmp_path: Path) -> None:
+    s1, s2 = store.append([(tmsg(1), ["a", "b"]), (tmsg(2), ["a"])])
+    store.returned([("a", s1)])
+    store.returned([("a", s1), ("a", s2), ("ghost", s1), ("b", 999)])
+    store.returned([])
+    with open_reader(tmp_path) as reader:
+        got = {m.seq: m.deliveries for m in batch(reader, "a").messages}
+        assert got == {s1: 2, s2: 1}
+        (only,) = batch(reader, "b").messages
+        assert only.deliveries == 0 and not only.redelivered
+
+
+def test_expire(store: TopicStore, tmp_path: Path) -> None:
+    s1, s2, s3 = store.append(
+        [
+            (tmsg(1, expires_ms=100), ["a", "b"]),
+            (tmsg(2), ["a"]),
+            (tmsg(3, expires_ms=500), ["c"]),
+        ]
+    )
+    assert store.expired(now_ms=200, limit=10) == [s1]
+    store.expire([s1], 200)
+    store.expire([], 200)
+    assert store.messages.live_seqs() == [s2, s3]
+    assert pending(store) == {("a", s2), ("c", s3)}
+    assert outcomes(tmp_path / "pubsub-0") == {s1: "expired"}
+    assert store.expired(now_ms=1_000, limit=10) == [s3]
+
+
+def test_reopen_keeps_subscriptions_and_pending_rows(tmp_path: Path) -> None:
+    with open_topic(tmp_path) as store:
+        store.subscribe("a", "/topic/t")
+        store.subscribe("b", "/topic/u")
+        store.subscribe("idle", "/topic/t")  # survives with an empty backlog
+        store.append([(tmsg(1), ["a", "b"]), (tmsg(2), ["a"])])
+        store.returned([("a", 2)])
+        store.ack([("b", 1)], "acked", 5)
+    with open_topic(tmp_path) as store:
+        assert store.recover(10) == 0
+        assert store.subscriptions() == {"a": "/topic/t", "b": "/topic/u", "idle": "/topic/t"}
+        assert pending(store) == {("a", 1), ("a", 2)}
+        assert store.messages.live_seqs() == [1, 2]
+        assert store.append([(tmsg(3), ["idle"])]) == [3]
+    with open_reader(tmp_path) as reader:
+        assert [(m.seq, m.deliveries) for m in batch(reader, "a").messages] == [(1, 0), (2, 1)]
+
+
+def test_recover_settles_orphans_and_drops_stale_rows(store: TopicStore, tmp_path: Path) -> None:
+    s1, s2, s3 = store.append([(tmsg(1), ["a", "b"]), (tmsg(2), ["a"]), (tmsg(3), ["b"])])
+    # A crash between the two commits of an append: messages without pending rows.
+    (o4, o5) = store.messages.append([tmsg(4), tmsg(5)])
+    # A crash between an ack's delete and its settle.
+    store._conn.execute("DELETE FROM pending WHERE seq = ?", (s2,))
+    # Pending rows for a settled message and for a subscription that no longer exists.
+    store.messages.settle([s3], "acked", 1)
+    store._conn.execute("INSERT INTO pending (sub, seq) VALUES ('ghost', ?)", (s1,))
+    store._conn.execute("INSERT INTO pending (sub, seq) VALUES ('a', 777)")
+    assert store.recover(20) == 3
+    assert store.messages.live_seqs() == [s1]
+    assert pending(store) == {("a", s1), ("b", s1)}
+    assert outcomes(tmp_path / "pubsub-0") == {
+        s2: "unsubscribed",
+        s3: "acked",
+        o4: "unsubscribed",
+        o5: "unsubscribed",
+    }
+    assert store.recover(21) == 0
+
+
+def test_reads_a_registry_file_from_before_the_pending_table(tmp_path: Path) -> None:
+    _, registry = paths(tmp_path)
+    # As the first release wrote it: only the subscriptions table, no migrations table.
+    old = sqlite3.connect(registry)
+    old.execute(
+        "CREATE TABLE subscriptions (name TEXT PRIMARY KEY, destination TEXT, created_ms INTEGER)"
+    )
+    old.execute("INSERT INTO subscriptions VALUES ('client/sub', '/topic/t', 1)")
+    old.commit()
+    old.close()
+    with open_topic(tmp_path) as store:
+        assert store.subscriptions() == {"client/sub": "/topic/t"}
+        assert store._conn.execute("PRAGMA synchronous").fetchone()[0] == 1  # NORMAL, as TINY
+        store.subscribe("client/two", "/topic/u")
+    conn = sqlite3.connect(registry)
+    try:
+        applied = [r[0] for r in conn.execute("SELECT name FROM _migrations ORDER BY rowid")]
+        assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+    finally:
+        conn.close()
+    assert applied == [name for name, _ in REGISTRY_MIGRATIONS]
+
+
+def test_foreign_or_newer_registry_refused(tmp_path: Path) -> None:
+    _, registry = paths(tmp_path)
+    conn = sqlite3.connect(registry)
+    conn.execute("CREATE TABLE users (name TEXT)")
+    conn.commit()
+    conn.close()
+    with pytest.raises(StoreError, match="not an mpbroker durable registry") as info:
+        open_topic(tmp_path)
+    assert info.value.path == registry
+    registry.unlink()
+    open_topic(tmp_path).close()
+    conn = sqlite3.connect(registry)
+    conn.execute("INSERT INTO _migrations (name, applied_ms) VALUES ('9999_future', 0)")
+    conn.commit()
+    conn.close()
+    with pytest.raises(StoreError, match=r"newer.*9999_future"):
+        open_topic(tmp_path)
+
+
+def test_closed_store_refuses(tmp_path: Path) -> None:
+    store = open_topic(tmp_path)
+    store.subscribe("a", "/topic/t")
+    store.close()
+    store.close()
+    with pytest.raises(StoreError, match="closed"):
+        store.append([(tmsg(1), ["a"])])
+    with pytest.raises(StoreError, match="closed"):
+        store.backlog("a")
+
+
+# -- TopicStoreReader ---------------------------------------------------------------------------
+
+
+def test_reader_gives_a_subscription_its_backlog_in_order(
+    store: TopicStore, tmp_path: Path
+) -> None:
+    entries = [(tmsg(i, body=b"x" * 700), ["a"] if i % 3 else ["a", "b"]) for i in range(20)]
+    seqs: list[int] = []
+    for k in range(0, 20, 5):
+        seqs += store.append(entries[k : k + 5])
+    assert len(store.messages.segments()) == 4
+    store.ack([("a", seqs[4])], "acked", 1)
+    with open_reader(tmp_path) as reader:
+        got = batch(reader, "a")
+        assert [m.seq for m in got.messages] == [s for s in seqs if s != seqs[4]]
+        assert got.scanned_upto == seqs[-1] and not got.more and got.expired == []
+        first = got.messages[0]
+        assert first == Message(
+            message_id="t0",
+            destination="/topic/t",
+            headers={"n": "0"},
+            body=b"x" * 700,
+            timestamp_ms=1_000,
+            persistent=True,
+            size=message_size(entries[0][0]),
+            seq=seqs[0],
+        )
+        assert got.bytes == sum(m.size for m in got.messages)
+        assert [m.seq for m in batch(reader, "b").messages] == seqs[::3]
+        tail = batch(reader, "a", after=seqs[15])
+        assert [m.seq for m in tail.messages] == seqs[16:]
+        done = batch(reader, "a", after=seqs[-1])
+        assert (done.messages, done.more, done.scanned_upto) == ([], False, seqs[-1])
+        nobody = batch(reader, "nobody")
+        assert (nobody.messages, nobody.more, nobody.scanned_upto) == ([], False, 0)
+
+
+def test_reader_limits(store: TopicStore, tmp_path: Path) -> None:
+    sizes = [100, 100, 5000, 100, 100]
+    seqs = store.append([(tmsg(i, body=b"y" * n), ["a"]) for i, n in enumerate(sizes)])
+    size = [message_size(tmsg(i, body=b"y" * n)) for i, n in enumerate(sizes)]
+    with open_reader(tmp_path) as reader:
+        got = batch(reader, "a", max_messages=2)
+        assert [m.seq for m in got.messages] == seqs[:2]
+        assert got.more and got.scanned_upto == seqs[1] and got.bytes == size[0] + size[1]
+        # Stops before the message that would exceed max_bytes.
+        got = batch(reader, "a", max_bytes=size[0] + size[1] + 10)
+        assert [m.seq for m in got.messages] == seqs[:2] and got.more
+        # A message larger than every limit still goes alone with at_least_one...
+        got = batch(reader, "a", after=seqs[1], max_bytes=1000)
+        assert [m.seq for m in got.messages] == [seqs[2]]
+        assert got.more and got.scanned_upto == seqs[2] and got.bytes == size[2]
+        # ...and not at all without it.
+        got = batch(reader, "a", after=seqs[1], max_bytes=1000, at_least_one=False)
+        assert got.messages == [] and got.more and got.scanned_upto == seqs[1]
+        # Exactly max_messages left: no more.
+        got = batch(reader, "a", after=seqs[2], max_messages=2)
+        assert [m.seq for m in got.messages] == seqs[3:] and not got.more
+        with pytest.raises(ValueError, match="max_messages"):
+            batch(reader, "a", max_messages=0)
+
+
+def test_reader_reports_expired_outside_the_limits(store: TopicStore, tmp_path: Path) -> None:
+    seqs = store.append(
+        [
+            (tmsg(0, expires_ms=100), ["a"]),
+            (tmsg(1), ["a"]),
+            (tmsg(2, expires_ms=100), ["a"]),
+            (tmsg(3, expires_ms=100), ["a"]),
+            (tmsg(4, expires_ms=900), ["a"]),
+            (tmsg(5), ["a"]),
+        ]
+    )
+    with open_reader(tmp_path) as reader:
+        got = batch(reader, "a", max_messages=2, now_ms=500)
+        assert [m.seq for m in got.messages] == [seqs[1], seqs[4]]
+        assert got.expired == [seqs[0], seqs[2], seqs[3]]
+        assert got.more and got.scanned_upto == seqs[4]
+        got = batch(reader, "a", now_ms=100)  # expires_ms <= now_ms is expired
+        assert got.expired == [seqs[0], seqs[2], seqs[3]] and len(got.messages) == 3
+        # Only expired rows left: nothing to deliver, and nothing more.
+        store.ack([("a", s) for s in (seqs[1], seqs[4], seqs[5])], "acked", 1)
+        got = batch(reader, "a", now_ms=500)
+        assert got.messages == [] and got.expired == [seqs[0], seqs[2], seqs[3]]
+        assert not got.more and got.scanned_upto == seqs[3] and got.bytes == 0
+
+
+def test_reader_redeliver_below(store: TopicStore, tmp_path: Path) -> None:
+    seqs = store.append([(tmsg(i), ["a"]) for i in range(4)])
+    store.returned([("a", seqs[3])])
+    with open_reader(tmp_path) as reader:
+        got = batch(reader, "a", redeliver_below=seqs[2])
+        assert [(m.deliveries, m.redelivered) for m in got.messages] == [
+            (1, True),
+            (1, True),
+            (0, False),
+            (1, True),
+        ]
+
+
+def test_reader_sees_writes_made_after_it_opened(store: TopicStore, tmp_path: Path) -> None:
+    with open_reader(tmp_path) as reader:
+        assert batch(reader, "a").messages == []
+        body = b"z" * 1500
+        seqs: list[int] = []
+        for i in range(6):  # new segments appear while the reader is open
+            seqs += store.append([(tmsg(i, body=body), ["a"])])
+            got = batch(reader, "a")
+            assert [m.seq for m in got.messages] == seqs
+        assert len(store.messages.segments()) > 2
+        store.ack([("a", seqs[0])], "acked", 1)
+        assert [m.seq for m in batch(reader, "a").messages] == seqs[1:]
+
+
+def test_reader_skips_retired_segments_and_never_recreates_them(
+    store: TopicStore, tmp_path: Path
+) -> None:
+    body = b"r" * 1500
+    seqs = [store.append([(tmsg(i, body=body), ["a", "b"])])[0] for i in range(6)]
+    first = store.messages.segments()[0].path
+    with open_reader(tmp_path) as reader:
+        assert [m.seq for m in batch(reader, "b").messages] == seqs  # opens every segment
+        store.ack([("a", s) for s in seqs[:2]], "acked", 1)
+        store.ack([("b", s) for s in seqs[:2]], "acked", 1)
+        assert not first.exists()  # retired
+        # Behind the writer's back, pending rows for the retired messages come back (as if
+        # read just before the ack): their messages cannot be found and are skipped.
+        conn = sqlite3.connect(tmp_path / "pubsub-0-durable.db")
+        conn.execute("INSERT INTO pending (sub, seq) VALUES ('a', ?), ('a', ?)", seqs[:2])
+        conn.commit()
+        conn.close()
+        got = batch(reader, "a", max_messages=3)
+        assert [m.seq for m in got.messages] == seqs[2:5]
+        assert got.more and got.expired == []
+        assert reader._known and all(f.path.exists() for f in reader._known.values())
+    assert not first.exists()
+    assert not [p for p in (tmp_path / "pubsub-0").iterdir() if p.name.startswith(first.name)]
+
+
+def test_reader_while_a_writer_appends_and_acks(tmp_path: Path) -> None:
+    """A writer thread (its own connections) appends; "b" acks at once, "a" 20 messages
+    behind, so segments roll and retire under the reader that follows "a": its batches are
+    ascending, every message it gives is whole, and it gets the ones never acked."""
+    rolling = StoreSettings(segment_max_bytes=48 * 1024, segment_max_age_s=0, synchronous="normal")
+    with open_topic(tmp_path, rolling) as store:
+        store.subscribe("a", "/topic/t")
+        store.subscribe("b", "/topic/t")
+    total, lag = 300, 20
+    errors: list[BaseException] = []
+    retired: list[int] = []
+
+    def write() -> None:
+        try:
+            with open_topic(tmp_path, rolling) as writer:
+                for i in range(total):
+                    body = bytes([i % 256]) * 400
+                    (seq,) = writer.append([(tmsg(i, body=body), ["a", "b"])])
+                    writer.ack([("b", seq)], "acked", i)
+                    if seq > lag:
+                        writer.ack([("a", seq - lag)], "acked", i)
+                retired.append(writer.messages.statistics().retired_segments)
+        except BaseException as exc:
+            errors.append(exc)
+
+    thread = threading.Thread(target=write)
+    thread.start()
+    seen: list[int] = []
+    after = 0
+    with open_reader(tmp_path) as reader:
+        while True:
+            alive = thread.is_alive()
+            got = batch(reader, "a", after=after, max_messages=16)
+            for m in got.messages:
+                i = int(m.message_id[1:])
+                assert m.seq == i + 1 and m.body == bytes([i % 256]) * 400
+            seen += [m.seq for m in got.messages]
+            after = got.scanned_upto
+            if not alive and not got.more:
+                break
+    thread.join()
+    assert errors == []
+    assert retired[0] > 3
+    assert seen == sorted(set(seen))
+    assert seen[-lag:] == list(range(total - lag + 1, total + 1))
+
+
+def test_reader_errors_name_the_file(tmp_path: Path) -> None:
+    directory, registry = paths(tmp_path)
+    with pytest.raises(StoreError) as info:
+        TopicStoreReader(directory, registry)
+    assert info.value.path == registry
+    assert not registry.exists()  # mode=rw: never creates a database
+    open_topic(tmp_path).close()
+    with open_reader(tmp_path) as reader:
+        reader.close()
+        with pytest.raises(StoreError, match="closed"):
+            batch(reader, "a")
+
+
+# -- property: the two databases agree ----------------------------------------------------------
+
+NAMES = ("a", "b", "c")
+op = st.one_of(
+    st.tuples(st.just("append"), st.lists(st.sets(st.sampled_from(NAMES), min_size=1), max_size=4)),
+    st.tuples(st.just("ack"), st.lists(st.tuples(st.sampled_from(NAMES), st.integers(1, 40)))),
+    st.tuples(st.just("expire"), st.lists(st.integers(1, 40), max_size=3)),
+    st.tuples(st.just("unsubscribe"), st.sampled_from(NAMES)),
+    st.tuples(st.just("reopen"), st.none()),
+)
+
+
+@settings(max_examples=40)
+@given(ops=st.lists(op, max_size=25))
+def test_live_messages_are_exactly_those_someone_owes(
+    tmp_path_factory: pytest.TempPathFactory, ops: list[tuple[str, Any]]
+) -> None:
+    root = tmp_path_factory.mktemp("prop")
+    model: dict[int, set[str]] = {}  # seq -> subscriptions that owe it
+    store = open_topic(root)
+    try:
+        for name in NAMES:
+            store.subscribe(name, "/topic/t")
+        for kind, arg in ops:
+            if kind == "append" and arg:
+                present = set(store.subscriptions())
+                entries = [
+                    (tmsg(i, body=b"p" * 600), sorted(s & present)) for i, s in enumerate(arg)
+                ]
+                entries = [(m, names) for m, names in entries if names]
+                for seq, (_, names) in zip(store.append(entries), entries, strict=True):
+                    model[seq] = set(names)
+            elif kind == "ack":
+                store.ack(arg, "acked", 1)
+                for name, seq in arg:
+                    model.get(seq, set()).discard(name)
+            elif kind == "expire":
+                store.expire(arg, 2)
+                for seq in arg:
+                    model.pop(seq, None)
+            elif kind == "unsubscribe":
+                store.unsubscribe(arg, 3)
+                for owed in model.values():
+                    owed.discard(arg)
+                store.subscribe(arg, "/topic/t")
+            elif kind == "reopen":
+                store.close()
+                store = open_topic(root)
+                assert store.recover(4) == 0
+            model = {seq: owed for seq, owed in model.items() if owed}
+            live = store.messages.live_seqs()
+            assert live == sorted(model)
+            assert live == sorted({seq for _, seq in pending(store)})
+            assert pending(store) == {(n, s) for s, owed in model.items() for n in owed}
+    finally:
+        store.close()
+    with open_reader(root) as reader:
+        for name in NAMES:
+            got = batch(reader, name)
+            assert [m.seq for m in got.messages] == sorted(s for s, o in model.items() if name in o)
