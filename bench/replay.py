@@ -6,13 +6,16 @@ Starts a broker, creates a durable subscription and leaves, publishes `count` pe
 messages to its topic (with receipts, so all are stored), then measures how fast the
 returning subscriber receives the whole backlog (client acks every 500 messages), and, as a
 baseline in the same run, how fast the same number of messages is consumed from a plain
-persistent queue backlog.
+persistent queue backlog. It also reports the pubsub worker's memory (USS) before the
+publish and while the backlog waits for the absent subscriber: the backlog stays on disk.
 """
 
 from __future__ import annotations
 
 import argparse
 import time
+
+import psutil
 
 from bench.servers import ServerProcess
 from bench.wire import Connection
@@ -79,6 +82,14 @@ def _subscribe(conn: Connection, destination: str, **headers: str) -> None:
     conn.expect("RECEIPT", "sub")
 
 
+def _pubsub_uss_mib(server: ServerProcess) -> float:
+    """Unique memory of the broker's pubsub worker, in MiB."""
+    for child in psutil.Process(server.pid).children(recursive=True):
+        if "pubsub" in " ".join(child.cmdline()):
+            return float(child.memory_full_info().uss) / 2**20
+    raise RuntimeError("no pubsub worker found")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.replay", description=__doc__)
     parser.add_argument("--count", type=int, default=100_000)
@@ -93,10 +104,12 @@ def main(argv: list[str] | None = None) -> int:
         subscriber.expect("RECEIPT", "bye")
         subscriber.close()
 
+        idle_mib = _pubsub_uss_mib(server)
         producer = Connection(server.host, server.port, timeout_s=120)
         producer.connect()
         started = time.perf_counter()
         _publish(producer, "/topic/replay", args.count, args.size)
+        waiting_mib = _pubsub_uss_mib(server)
         _publish(producer, "/queue/replay-baseline", args.count, args.size)
         published = time.perf_counter() - started
 
@@ -113,6 +126,10 @@ def main(argv: list[str] | None = None) -> int:
         queue.close()
         producer.close()
     print(f"published 2 x {args.count} persistent {args.size}-byte messages in {published:.1f} s")
+    print(
+        f"pubsub worker USS: {idle_mib:.1f} MiB before, {waiting_mib:.1f} MiB with the "
+        f"{args.count}-message backlog waiting for its absent subscriber"
+    )
     print(f"durable replay: {args.count / replay_s:,.0f} msgs/s ({replay_s:.2f} s)")
     print(f"queue backlog:  {args.count / queue_s:,.0f} msgs/s ({queue_s:.2f} s)")
     print(f"replay / queue backlog: x{queue_s / replay_s:.2f}")

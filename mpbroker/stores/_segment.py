@@ -18,6 +18,7 @@ from typing import Final
 import sqlite_utils
 
 from ._errors import StoreError
+from ._live import LiveSet
 
 __all__ = [
     "MIGRATIONS",
@@ -183,8 +184,8 @@ class Segment:
         self.first_seq: int | None = first
         self.last_seq: int | None = last
         self.messages: int = count
-        # seq -> size of every message of this segment not settled yet (filled by the store).
-        self.live: dict[int, int] = {}
+        # Seq and size of every message of this segment not settled yet (filled by the store).
+        self.live = LiveSet()
 
     def size_bytes(self) -> int:
         """Logical database size (page_count x page_size). In WAL mode page_count includes

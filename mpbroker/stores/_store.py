@@ -14,8 +14,10 @@ the archive) instead of deleting rows one by one. Before a segment is retired, i
 and delivery rows for messages of OLDER segments still present are carried forward into the
 active segment (ack compaction), so a restart never resurrects a settled message.
 
-In memory the store keeps, per segment, the seq and size of every unsettled message and, per
-unsettled message, its delivery count: retirement, settle and statistics need no scan.
+In memory the store keeps, per segment, the seq and size of every unsettled message (a
+LiveSet: a few bytes a message, so a backlog nobody consumes does not pin memory) and, per
+redelivered unsettled message, its delivery count: retirement, settle and statistics need no
+scan.
 The store is used by one thread of one process (the partition's pipeline worker), the only
 writer of its directory.
 """
@@ -41,6 +43,7 @@ from mpbroker.config import StoreSettings
 from mpbroker.records import Message, message_size
 
 from ._errors import StoreError, sqlite_detail
+from ._live import LiveSet
 from ._segment import (
     SIDE_SUFFIXES,
     Segment,
@@ -227,18 +230,14 @@ class MessageStore:
             settled.update(row[0] for row in seg.conn.execute("SELECT seq FROM settlements"))
         next_seq = 1
         for seg in self._segments:
-            seg.live = {
-                seq: size
-                for seq, size in seg.conn.execute("SELECT seq, size FROM messages")
-                if seq not in settled
-            }
+            rows = seg.conn.execute("SELECT seq, size FROM messages ORDER BY seq")
+            seg.live = LiveSet.from_items(row for row in rows if row[0] not in settled)
             # Older segments first, so the newest segment's count wins.
             self._deliveries.update(seg.conn.execute("SELECT seq, count FROM deliveries"))
             next_seq = max(next_seq, seg.base_seq, (seg.last_seq or 0) + 1)
             # Only the last segment can be unsealed; an older unsealed one (not produced by
             # this code) is treated as sealed and never written.
-        live = set().union(*(seg.live for seg in self._segments)) if self._segments else set()
-        self._deliveries = {s: c for s, c in self._deliveries.items() if s in live and c > 0}
+        self._deliveries = {s: c for s, c in self._deliveries.items() if c > 0 and self._is_live(s)}
         self._next_seq = next_seq
         if self._segments and not self._segments[-1].sealed:
             self._active_bytes = self._segments[-1].size_bytes()
@@ -274,7 +273,8 @@ class MessageStore:
 
         Rolls to a new segment first when the active one is past `segment_max_bytes` or
         `segment_max_age_s`. When this returns the messages are durable per `synchronous`.
-        On failure raises StoreError and nothing of the batch is stored.
+        On failure raises StoreError and nothing of the batch is stored (ValueError for a
+        message whose preset `size` is negative).
         """
         self._ensure_open("append()")
         if not messages:
@@ -286,6 +286,9 @@ class MessageStore:
         sizes: list[int] = []
         for offset, m in enumerate(messages):
             size = m.size or message_size(m)
+            if size < 0:
+                # Refused before the commit: the in-memory LiveSet would refuse it after.
+                raise ValueError(f"message {m.message_id!r}: size {size} is negative")
             sizes.append(size)
             rows.append(
                 (
@@ -312,7 +315,7 @@ class MessageStore:
             raise
         seqs = list(range(first, first + len(rows)))
         self._next_seq = first + len(rows)
-        seg.live.update(zip(seqs, sizes, strict=True))
+        seg.live.extend(first, sizes)
         if seg.first_seq is None:
             seg.first_seq = first
         seg.last_seq = seqs[-1]
@@ -343,7 +346,7 @@ class MessageStore:
         active = self._ensure_active()
         self._write(active, "settle", [(_INSERT_SETTLEMENT, [(s, outcome, at_ms) for s in owned])])
         for seq, seg in owned.items():
-            del seg.live[seq]
+            seg.live.discard(seq)
             self._deliveries.pop(seq, None)
         self._settles += len(owned)
         self._retire_settled()
@@ -421,6 +424,10 @@ class MessageStore:
         ):
             return None
         return seg
+
+    def _is_live(self, seq: int) -> bool:
+        seg = self._owner(seq)
+        return seg is not None and seq in seg.live
 
     def _retire_settled(self) -> None:
         """Retire every sealed segment with no live message, oldest first."""
@@ -521,7 +528,7 @@ class MessageStore:
         """The seqs of every unsettled message, ascending (from memory: no I/O)."""
         self._ensure_open("live_seqs()")
         # Segments hold ascending, disjoint seq ranges.
-        return [seq for seg in self._segments for seq in sorted(seg.live)]
+        return [seq for seg in self._segments for seq in seg.live]
 
     def read(self, seq: int) -> StoredMessage:
         """One live message; KeyError when `seq` is unknown or settled."""
@@ -605,7 +612,7 @@ class MessageStore:
             active_segment=self._segments[-1].path,
             active_segment_bytes=self._active_bytes,
             live_messages=sum(len(s.live) for s in self._segments),
-            live_bytes=sum(sum(s.live.values()) for s in self._segments),
+            live_bytes=sum(s.live.total_size for s in self._segments),
             retired_segments=self._retired,
             appends=self._appends,
             append_transactions=self._append_transactions,

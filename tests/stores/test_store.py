@@ -228,6 +228,33 @@ def test_statistics_and_segments(tmp_path: Path) -> None:
         store.append([msg(3)])
 
 
+def test_live_counts_survive_reopen_with_settled_holes(tmp_path: Path) -> None:
+    sent = [msg(i, body=b"x" * i) for i in range(1, 9)]
+    with open_store(tmp_path) as store:
+        seqs = store.append(sent)
+        store.settle([seqs[0], seqs[3], seqs[4], seqs[7]], "acked", 0)
+        before = store.statistics()
+        assert before.live_messages == 4
+        assert before.live_bytes == sum(message_size(sent[i]) for i in (1, 2, 5, 6))
+    with open_store(tmp_path) as store:
+        after = store.statistics()
+        assert (after.live_messages, after.live_bytes) == (4, before.live_bytes)
+        assert store.live_seqs() == [seqs[i] for i in (1, 2, 5, 6)]
+        assert store.append([msg(9)]) == [9]  # the active segment's LiveSet carries on
+        store.settle([seqs[1], seqs[2], seqs[5], seqs[6]], "acked", 0)
+        assert store.live_seqs() == [9]
+        assert store.statistics().live_bytes == message_size(msg(9))
+
+
+def test_negative_preset_size_is_refused_before_anything_is_stored(tmp_path: Path) -> None:
+    with open_store(tmp_path) as store:
+        bad = msgspec.structs.replace(msg(2), size=-1)
+        with pytest.raises(ValueError, match="negative"):
+            store.append([msg(1), bad])
+        assert store.live_seqs() == [] and store.statistics().appends == 0
+        assert store.append([msg(3)]) == [1]
+
+
 class _FailingCommit:
     """Stands in for the segment's sqlite3 connection; COMMIT fails like a full disk."""
 
