@@ -200,7 +200,8 @@ class ReplayRequest(msgspec.Struct, array_like=True, gc=False):
     partition: int  # pubsub pipeline index (its store is pubsub-<partition>)
     name: str  # durable subscription name
     request_id: int  # echoed in the batch; the owner ignores batches it no longer waits for
-    after_seq: int
+    # Per JMS priority 0-9: the replay continues after this seq (highest priority first).
+    after: list[int]
     # Messages below this seq may have been delivered before the owner restarted.
     redeliver_below: int = 0
 
@@ -220,7 +221,8 @@ class ReplayBatch(msgspec.Struct, array_like=True, gc=False):
     request_id: int
     messages: list[Message]
     expired: list[int]  # seqs found expired (not in messages): the owner settles them
-    scanned_upto: int  # every stored message of the subscription up to here was looked at
+    # Per priority: every stored message of the subscription up to this seq was looked at.
+    scanned_upto: list[int]
     more: bool  # the batch stopped at a limit
 
 

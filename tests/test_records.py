@@ -70,10 +70,10 @@ EVERY_RECORD: list[Record] = [
     Refuse(7, "ResourceAllocation: x", "detail", "r"),
     Refuse(7, "short"),
     BarrierDone(7, 12, 1),
-    ReplayRequest(1, "app/sub", 1 << 33, 10, 99),
+    ReplayRequest(1, "app/sub", 1 << 33, [0, 0, 0, 0, 10, 0, 0, 0, 0, 1 << 40], 99),
     ReplayRelease(1),
     ReplayRelease(1, "app/sub"),
-    ReplayBatch("app/sub", 7, [MESSAGE], [3, 4], 12, True),
+    ReplayBatch("app/sub", 7, [MESSAGE], [3, 4], [12] * 10, True),
     ReplayHello(0, 1),
 ]
 

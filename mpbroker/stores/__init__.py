@@ -7,7 +7,8 @@
   message stored once (in a MessageStore) plus, per durable subscription, a "pending" row
   until it acks; a message is settled once no pending row is left. Its
   :class:`TopicStoreReader` reads a subscription's backlog in :class:`BacklogBatch`es from
-  another process (the replay worker) while the owner writes.
+  another process (the replay worker) while the owner writes: highest JMS priority first,
+  FIFO within a priority, after one cursor per priority.
 - :class:`CommitBuffer`: the small processing buffer that decides when to group-commit
   (pure: the caller passes the time).
 - :class:`StoreError`, and the result types (settings: :class:`mpbroker.config.StoreSettings`)

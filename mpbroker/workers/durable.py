@@ -58,6 +58,7 @@ __all__ = ["Durables", "TopicPersistence", "durable_queue"]
 log = logging.getLogger("mpbroker.pipeline")
 
 _QUEUE_PREFIX = "durable:"
+PRIORITIES = 10  # JMS priorities 0-9: the replay keeps a position in each
 
 
 def durable_queue(name: str) -> str:
@@ -170,7 +171,8 @@ class _Durable:
     consumer: ConsumerKey | None = None
     replaying: bool = False
     request_id: int = 0  # the batch we wait for (0: none asked)
-    after_seq: int = 0  # the replay continues after this seq
+    # Per JMS priority 0-9: the replay continues after this seq (highest priority first).
+    after: list[int] = field(default_factory=lambda: [0] * PRIORITIES)
     # Non-persistent messages published while replaying, delivered once live.
     held: list[Message] = field(default_factory=list)
     # Seqs in the subscriber's window when it was paged back: they stay with it in
@@ -209,6 +211,7 @@ class Durables:
         # predecessor is never taken for ours.
         self.last_request = incarnation << 32
         self.redeliver_below = 0
+        self.last_stored = 0  # the highest seq stored so far
         self.max_live = config.topics.max_pending_messages
         self.low_water = config.replay.replay_messages // 2
 
@@ -221,7 +224,8 @@ class Durables:
         replayed as redelivered (at least once, never a silent duplicate).
         """
         orphans = self.store.recover(epoch_ms())
-        self.redeliver_below = max(self.store.messages.live_seqs(), default=0) + 1
+        self.last_stored = max(self.store.messages.live_seqs(), default=0)
+        self.redeliver_below = self.last_stored + 1
         # Our predecessor's places in the replay worker are ours to give back.
         self.to_replay.append(ReplayRelease(self.pipeline))
         return orphans
@@ -270,10 +274,10 @@ class Durables:
         for message in batch.messages:
             if message.seq not in skip:
                 self.queues.restore(message, queue)
-        d.after_seq = max(d.after_seq, batch.scanned_upto)
-        if skip and d.after_seq >= max(skip):
-            skip.clear()
-        if not batch.more and self.store.last_seq(d.name) <= d.after_seq:
+        d.after = [max(a, b) for a, b in zip(d.after, batch.scanned_upto, strict=True)]
+        # Caught up: the replay found nothing more, and nothing was stored for the
+        # subscription since it looked (we are the only writer, and this is one step).
+        if not batch.more and not self.store.pending_after(d.name, d.after):
             self._go_live(d)
 
     def replayer_restarted(self) -> None:
@@ -323,6 +327,7 @@ class Durables:
 
     def _stored(self, record: Send, names: tuple[str, ...], seq: int) -> None:
         """A persistent message is in the store: live subscribers get it now."""
+        self.last_stored = seq
         for name in names:
             d = self.subs.get(name)
             if d is not None and d.consumer is not None and not d.replaying:
@@ -338,7 +343,6 @@ class Durables:
         """A live subscriber fell too far behind: its waiting messages leave memory and
         it replays them from the store (non-persistent ones are lost: at most once)."""
         evicted = self.queues.evict(durable_queue(d.name))
-        seqs = [m.seq for m in evicted if m.seq]
         assert d.consumer is not None
         d.skip = {m.seq for m in self.queues.consumers[d.consumer].unacked.values() if m.seq}
         log.info(
@@ -346,8 +350,16 @@ class Durables:
             d.name,
             len(evicted),
         )
-        if seqs:
-            self._replay_from(d, min(seqs) - 1)
+        # Per priority, the replay starts at the first message that left memory; where
+        # none did, everything stored so far was delivered (or is in the window).
+        after = [self.last_stored] * PRIORITIES
+        stored = False
+        for message in evicted:
+            if message.seq:
+                stored = True
+                after[message.priority] = min(after[message.priority], message.seq - 1)
+        if stored:
+            self._replay_from(d, after)
 
     # -- subscribers ---------------------------------------------------------------------
 
@@ -393,7 +405,7 @@ class Durables:
         self.queues.handle(gateway, queue_record)
         d.consumer = key
         self.active[key] = name
-        self._replay_from(d, 0)
+        self._replay_from(d, [0] * PRIORITIES)
 
     def _departed(self, removed: ConsumerKey | None = None) -> None:
         """Subscriptions whose subscriber went away become inactive (`removed`: that
@@ -437,9 +449,9 @@ class Durables:
 
     # -- replay --------------------------------------------------------------------------
 
-    def _replay_from(self, d: _Durable, after_seq: int) -> None:
+    def _replay_from(self, d: _Durable, after: list[int]) -> None:
         d.replaying = True
-        d.after_seq = after_seq
+        d.after = after
         self.replaying.add(d.name)
         self._request(d)
 
@@ -447,13 +459,14 @@ class Durables:
         self.last_request += 1
         d.request_id = self.last_request
         self.to_replay.append(
-            ReplayRequest(self.pipeline, d.name, d.request_id, d.after_seq, self.redeliver_below)
+            ReplayRequest(self.pipeline, d.name, d.request_id, d.after, self.redeliver_below)
         )
 
     def _go_live(self, d: _Durable) -> None:
         d.replaying = False
         self.replaying.discard(d.name)
         self.to_replay.append(ReplayRelease(self.pipeline, d.name))
+        d.skip = set()
         held, d.held = d.held, []
         for message in held:
             self._deliver(d, message)

@@ -114,7 +114,7 @@ class ReplayWorker:
             try:
                 batch = self._store(request.partition).batch(
                     request.name,
-                    request.after_seq,
+                    request.after,
                     max_messages=grant.max_messages,
                     max_bytes=grant.max_bytes,
                     at_least_one=grant.at_least_one,

@@ -217,3 +217,27 @@ def test_killing_the_replay_worker_mid_replay_loses_and_repeats_nothing(
     broker.wait_for_worker("replay 0", not_pid=victim.pid)
     got += take(client, 500)
     assert got == bodies
+
+
+def test_the_backlog_is_replayed_highest_priority_first_across_batches(
+    start_broker: type[BrokerProcess], raw: RawFactory
+) -> None:
+    config = "[replay]\nreplay_messages = 20\n"
+    broker = start_broker("--gateways", "1", config=config)
+    topic = "/topic/priorities"
+    leave(durable(broker, raw, "p", topic))
+    producer = raw(broker)
+    producer.connect()
+    sent = [(b"low%03d" % n, "4") for n in range(100)]
+    sent += [(b"urgent%d" % n, "9") for n in range(3)]
+    sent += [(b"lowest", "0")]
+    for n, (body, priority) in enumerate(sent):
+        producer.send(
+            "SEND",
+            {"destination": topic, "persistent": "true", "priority": priority, "receipt": str(n)},
+            body,
+        )
+        assert producer.recv().command == "RECEIPT"
+    back = durable(broker, raw, "p", topic, prefetch=10)
+    expected = [b"urgent%d" % n for n in range(3)] + [b"low%03d" % n for n in range(100)]
+    assert take(back, 104) == [*expected, b"lowest"]

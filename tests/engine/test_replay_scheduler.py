@@ -10,7 +10,7 @@ from mpbroker.records import ReplayRequest
 
 
 def req(name: str, partition: int = 1, after: int = 0, request_id: int = 1) -> ReplayRequest:
-    return ReplayRequest(partition, name, request_id, after)
+    return ReplayRequest(partition, name, request_id, [after] * 10)
 
 
 def scheduler(concurrent: int = 4, global_bytes: int = 1000, batch_bytes: int = 300):
@@ -38,7 +38,7 @@ def test_the_next_request_lands_the_previous_batch() -> None:
     s.request(req("a", after=10, request_id=2))
     assert s.in_flight_bytes == 0
     grant = s.next_grant()
-    assert grant is not None and grant.request.after_seq == 10
+    assert grant is not None and grant.request.after == [10] * 10
 
 
 def test_at_most_max_concurrent_subscriptions_replay_the_rest_wait_in_order() -> None:
@@ -113,7 +113,7 @@ def test_a_newer_request_replaces_an_older_one_for_the_same_subscription() -> No
     s.request(req("a", request_id=1))
     s.request(req("a", request_id=2, after=5))
     g = s.next_grant()
-    assert g is not None and (g.request.request_id, g.request.after_seq) == (2, 5)
+    assert g is not None and (g.request.request_id, g.request.after) == (2, [5] * 10)
     s.sent(g, 1, fitted=True)
     assert s.next_grant() is None
 

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import sqlite_utils
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -17,17 +18,20 @@ from mpbroker.config import StoreSettings
 from mpbroker.records import Message, message_size
 from mpbroker.stores import (
     REGISTRY_MIGRATIONS,
+    MessageStore,
     StoreError,
     TopicStore,
     TopicStoreReader,
 )
+from mpbroker.stores._segment import apply_migrations
+from mpbroker.stores._topic import _PRIORITIES_AFTER, _SELECT_PENDING
 
 # Tiny segments so a few messages roll them; synchronous=normal: no fsync per test commit.
 TINY = StoreSettings(segment_max_bytes=4096, segment_max_age_s=0, synchronous="normal")
 BIG = 10**9
 
 
-def tmsg(i: int, *, expires_ms: int = 0, body: bytes | None = None) -> Message:
+def tmsg(i: int, *, expires_ms: int = 0, body: bytes | None = None, priority: int = 4) -> Message:
     return Message(
         message_id=f"t{i}",
         destination="/topic/t",
@@ -35,8 +39,19 @@ def tmsg(i: int, *, expires_ms: int = 0, body: bytes | None = None) -> Message:
         body=f"body {i}".encode() if body is None else body,
         timestamp_ms=1_000 + i,
         persistent=True,
+        priority=priority,
         expires_ms=expires_ms,
     )
+
+
+ZERO = [0] * 10  # per-priority cursors before anything
+
+
+def at(seq: int, priority: int = 4, base: list[int] | None = None) -> list[int]:
+    """Cursors `base` (ZERO) with priority `priority`'s set to `seq`."""
+    cursors = list(ZERO if base is None else base)
+    cursors[priority] = seq
+    return cursors
 
 
 def paths(root: Path) -> tuple[Path, Path]:
@@ -75,7 +90,14 @@ def pending(store: TopicStore) -> set[tuple[str, int]]:
     return set(store._conn.execute("SELECT sub, seq FROM pending"))  # white-box
 
 
-def batch(reader: TopicStoreReader, name: str, after: int = 0, **kw: Any) -> Any:
+def priorities(store: TopicStore) -> dict[tuple[str, int], int]:
+    return dict(  # white-box
+        ((sub, seq), p)
+        for sub, seq, p in store._conn.execute("SELECT sub, seq, priority FROM pending")
+    )
+
+
+def batch(reader: TopicStoreReader, name: str, after: list[int] = ZERO, **kw: Any) -> Any:
     args: dict[str, Any] = {
         "max_messages": 100,
         "max_bytes": BIG,
@@ -278,6 +300,42 @@ def test_reads_a_registry_file_from_before_the_pending_table(tmp_path: Path) -> 
     assert applied == [name for name, _ in REGISTRY_MIGRATIONS]
 
 
+def test_migrates_pending_rows_written_without_a_priority(tmp_path: Path) -> None:
+    directory, registry = paths(tmp_path)
+    # As the release before 0003 wrote it: pending rows without a priority column.
+    old = sqlite_utils.Database(registry)
+    old.execute("CREATE TABLE _migrations (name TEXT PRIMARY KEY, applied_ms INTEGER)")
+    apply_migrations(old, registry, 1, REGISTRY_MIGRATIONS[:2])
+    assert "priority" not in old["pending"].columns_dict
+    with MessageStore.open(directory, TINY) as messages:
+        s1, s2, s3 = messages.append([tmsg(1, priority=9), tmsg(2), tmsg(3, priority=0)])
+    old.execute("INSERT INTO subscriptions VALUES ('a', '/topic/t', 1), ('b', '/topic/t', 1)")
+    old.conn.executemany(
+        "INSERT INTO pending (sub, seq, deliveries) VALUES (?, ?, ?)",
+        [("a", s1, 0), ("a", s2, 1), ("a", s3, 0), ("b", s2, 0)],
+    )
+    old.conn.commit()
+    old.close()
+    with open_topic(tmp_path) as store:
+        assert store.recover(10) == 0
+        # Their messages' priorities are in another database: the rows get the default one.
+        assert priorities(store) == {("a", s1): 4, ("a", s2): 4, ("a", s3): 4, ("b", s2): 4}
+        (s4,) = store.append([(tmsg(4, priority=9), ["a"])])
+        assert priorities(store)[("a", s4)] == 9
+        assert store.pending_after("a", at(s3)) and not store.pending_after("a", at(s4, 9, at(s3)))
+    conn = sqlite3.connect(registry)
+    try:
+        applied = [r[0] for r in conn.execute("SELECT name FROM _migrations ORDER BY rowid")]
+    finally:
+        conn.close()
+    assert applied == [name for name, _ in REGISTRY_MIGRATIONS]
+    assert applied[-1] == "0003_pending_priority"
+    with open_reader(tmp_path) as reader:
+        got = batch(reader, "a")
+        assert [(m.seq, m.deliveries) for m in got.messages] == [(s4, 0), (s1, 0), (s2, 1), (s3, 0)]
+        assert got.scanned_upto == at(s4, 9, at(s3)) and not got.more
+
+
 def test_foreign_or_newer_registry_refused(tmp_path: Path) -> None:
     _, registry = paths(tmp_path)
     conn = sqlite3.connect(registry)
@@ -323,7 +381,7 @@ def test_reader_gives_a_subscription_its_backlog_in_order(
     with open_reader(tmp_path) as reader:
         got = batch(reader, "a")
         assert [m.seq for m in got.messages] == [s for s in seqs if s != seqs[4]]
-        assert got.scanned_upto == seqs[-1] and not got.more and got.expired == []
+        assert got.scanned_upto == at(seqs[-1]) and not got.more and got.expired == []
         first = got.messages[0]
         assert first == Message(
             message_id="t0",
@@ -337,12 +395,12 @@ def test_reader_gives_a_subscription_its_backlog_in_order(
         )
         assert got.bytes == sum(m.size for m in got.messages)
         assert [m.seq for m in batch(reader, "b").messages] == seqs[::3]
-        tail = batch(reader, "a", after=seqs[15])
+        tail = batch(reader, "a", after=at(seqs[15]))
         assert [m.seq for m in tail.messages] == seqs[16:]
-        done = batch(reader, "a", after=seqs[-1])
-        assert (done.messages, done.more, done.scanned_upto) == ([], False, seqs[-1])
+        done = batch(reader, "a", after=at(seqs[-1]))
+        assert (done.messages, done.more, done.scanned_upto) == ([], False, at(seqs[-1]))
         nobody = batch(reader, "nobody")
-        assert (nobody.messages, nobody.more, nobody.scanned_upto) == ([], False, 0)
+        assert (nobody.messages, nobody.more, nobody.scanned_upto) == ([], False, ZERO)
 
 
 def test_reader_limits(store: TopicStore, tmp_path: Path) -> None:
@@ -352,22 +410,24 @@ def test_reader_limits(store: TopicStore, tmp_path: Path) -> None:
     with open_reader(tmp_path) as reader:
         got = batch(reader, "a", max_messages=2)
         assert [m.seq for m in got.messages] == seqs[:2]
-        assert got.more and got.scanned_upto == seqs[1] and got.bytes == size[0] + size[1]
+        assert got.more and got.scanned_upto == at(seqs[1]) and got.bytes == size[0] + size[1]
         # Stops before the message that would exceed max_bytes.
         got = batch(reader, "a", max_bytes=size[0] + size[1] + 10)
         assert [m.seq for m in got.messages] == seqs[:2] and got.more
         # A message larger than every limit still goes alone with at_least_one...
-        got = batch(reader, "a", after=seqs[1], max_bytes=1000)
+        got = batch(reader, "a", after=at(seqs[1]), max_bytes=1000)
         assert [m.seq for m in got.messages] == [seqs[2]]
-        assert got.more and got.scanned_upto == seqs[2] and got.bytes == size[2]
+        assert got.more and got.scanned_upto == at(seqs[2]) and got.bytes == size[2]
         # ...and not at all without it.
-        got = batch(reader, "a", after=seqs[1], max_bytes=1000, at_least_one=False)
-        assert got.messages == [] and got.more and got.scanned_upto == seqs[1]
+        got = batch(reader, "a", after=at(seqs[1]), max_bytes=1000, at_least_one=False)
+        assert got.messages == [] and got.more and got.scanned_upto == at(seqs[1])
         # Exactly max_messages left: no more.
-        got = batch(reader, "a", after=seqs[2], max_messages=2)
+        got = batch(reader, "a", after=at(seqs[2]), max_messages=2)
         assert [m.seq for m in got.messages] == seqs[3:] and not got.more
         with pytest.raises(ValueError, match="max_messages"):
             batch(reader, "a", max_messages=0)
+        with pytest.raises(ValueError, match="one per priority"):
+            batch(reader, "a", after=[0] * 9)
 
 
 def test_reader_reports_expired_outside_the_limits(store: TopicStore, tmp_path: Path) -> None:
@@ -385,14 +445,160 @@ def test_reader_reports_expired_outside_the_limits(store: TopicStore, tmp_path: 
         got = batch(reader, "a", max_messages=2, now_ms=500)
         assert [m.seq for m in got.messages] == [seqs[1], seqs[4]]
         assert got.expired == [seqs[0], seqs[2], seqs[3]]
-        assert got.more and got.scanned_upto == seqs[4]
+        assert got.more and got.scanned_upto == at(seqs[4])
         got = batch(reader, "a", now_ms=100)  # expires_ms <= now_ms is expired
         assert got.expired == [seqs[0], seqs[2], seqs[3]] and len(got.messages) == 3
         # Only expired rows left: nothing to deliver, and nothing more.
         store.ack([("a", s) for s in (seqs[1], seqs[4], seqs[5])], "acked", 1)
         got = batch(reader, "a", now_ms=500)
         assert got.messages == [] and got.expired == [seqs[0], seqs[2], seqs[3]]
-        assert not got.more and got.scanned_upto == seqs[3] and got.bytes == 0
+        assert not got.more and got.scanned_upto == at(seqs[3]) and got.bytes == 0
+
+
+# -- priorities ----------------------------------------------------------------------------------
+
+
+def read_all(reader: TopicStoreReader, name: str, **kw: Any) -> tuple[list[list[int]], list[int]]:
+    """Every batch's seqs, following the cursors until no more; and the last cursors."""
+    seen: list[list[int]] = []
+    after = ZERO
+    while True:
+        got = batch(reader, name, after=after, **kw)
+        seen.append([m.seq for m in got.messages])
+        assert len(got.scanned_upto) == 10
+        assert all(new >= old for new, old in zip(got.scanned_upto, after, strict=True))
+        after = got.scanned_upto
+        if not got.more:
+            return seen, after
+
+
+def test_append_writes_each_message_priority(store: TopicStore) -> None:
+    s1, s2 = store.append([(tmsg(1, priority=9), ["a", "b"]), (tmsg(2, priority=0), ["a"])])
+    assert priorities(store) == {("a", s1): 9, ("b", s1): 9, ("a", s2): 0}
+    with pytest.raises(ValueError, match="priority 10 not in 0-9"):
+        store.append([(tmsg(3), ["a"]), (tmsg(4, priority=10), ["a"])])
+    with pytest.raises(ValueError, match="priority -1"):
+        store.append([(tmsg(5, priority=-1), ["a"])])
+    assert store.messages.live_seqs() == [s1, s2]  # refused before any write
+
+
+def test_reader_gives_the_highest_priority_first_across_batches(
+    store: TopicStore, tmp_path: Path
+) -> None:
+    fours = store.append([(tmsg(i), ["a"]) for i in range(300)])
+    nines = store.append([(tmsg(300 + i, priority=9), ["a"]) for i in range(5)])
+    with open_reader(tmp_path) as reader:
+        got = batch(reader, "a")
+        assert [m.seq for m in got.messages] == nines + fours[:95]
+        assert [m.priority for m in got.messages[:6]] == [9] * 5 + [4]
+        assert got.more and got.scanned_upto == at(fours[94], 4, at(nines[-1], 9))
+        seen, last = read_all(reader, "a")
+        assert [seq for seqs in seen for seq in seqs] == nines + fours
+        assert [len(b) for b in seen] == [100, 100, 100, 5]
+        assert last == at(fours[-1], 4, at(nines[-1], 9))
+
+
+def test_reader_is_fifo_within_each_priority(store: TopicStore, tmp_path: Path) -> None:
+    prios = [(i * 7) % 10 for i in range(40)] + [3, 3, 9, 0, 9]
+    seqs = store.append([(tmsg(i, priority=p), ["a"]) for i, p in enumerate(prios)])
+    expected = [s for s, _ in sorted(zip(seqs, prios, strict=True), key=lambda sp: -sp[1])]
+    with open_reader(tmp_path) as reader:
+        assert [m.seq for m in batch(reader, "a").messages] == expected
+        seen, last = read_all(reader, "a", max_messages=4)
+        assert [seq for seqs in seen for seq in seqs] == expected
+        assert last == [
+            max(s for s, p in zip(seqs, prios, strict=True) if p == q) for q in range(10)
+        ]
+
+
+def test_reader_keeps_a_cursor_per_priority(store: TopicStore, tmp_path: Path) -> None:
+    fours = store.append([(tmsg(i), ["a"]) for i in range(20)])
+    (nine,) = store.append([(tmsg(20, priority=9), ["a"])])
+    with open_reader(tmp_path) as reader:
+        got = batch(reader, "a", max_messages=5)
+        assert [m.seq for m in got.messages] == [nine, *fours[:4]]
+        after = got.scanned_upto
+        assert after == at(fours[3], 4, at(nine, 9))
+        # Appended after the reader passed priority 9 (and with a seq above every four):
+        # seq > after[9], so the next batch starts with it, then the fours go on.
+        late = store.append([(tmsg(21, priority=9), ["a"]), (tmsg(22, priority=7), ["a"])])
+        got = batch(reader, "a", after=after, max_messages=5)
+        assert [m.seq for m in got.messages] == [late[0], late[1], *fours[4:7]]
+        assert got.scanned_upto == at(fours[6], 4, at(late[1], 7, at(late[0], 9)))
+        # A cursor past a row means it was delivered: not read again, though still pending.
+        assert store.backlog("a") == 23
+        got = batch(reader, "a", after=got.scanned_upto)
+        assert [m.seq for m in got.messages] == fours[7:] and not got.more
+        assert store.pending_after("a", at(fours[6], 4, got.scanned_upto))
+        assert not store.pending_after("a", got.scanned_upto)
+
+
+def test_reader_stops_at_a_priority_and_keeps_the_lower_cursors(
+    store: TopicStore, tmp_path: Path
+) -> None:
+    fours = store.append([(tmsg(i), ["a"]) for i in range(3)])
+    nines = store.append([(tmsg(3 + i, priority=9), ["a"]) for i in range(3)])
+    with open_reader(tmp_path) as reader:
+        got = batch(reader, "a", max_messages=2)
+        assert [m.seq for m in got.messages] == nines[:2]
+        assert got.more and got.scanned_upto == at(nines[1], 9)  # priority 4 not looked at
+        # Exactly the nines left: the batch is full but the fours are still to read.
+        got = batch(reader, "a", after=at(nines[1], 9), max_messages=1)
+        assert [m.seq for m in got.messages] == nines[2:] and got.more
+        assert got.scanned_upto == at(nines[2], 9)
+        # The bytes limit stops the same way at the next priority.
+        got = batch(reader, "a", after=at(nines[1], 9), max_bytes=1, at_least_one=True)
+        assert [m.seq for m in got.messages] == nines[2:] and got.more
+        got = batch(reader, "a", after=at(nines[2], 9), max_messages=3)
+        assert [m.seq for m in got.messages] == fours and not got.more
+        assert got.scanned_upto == at(fours[-1], 4, at(nines[2], 9))
+
+
+def test_scan_limit_across_priorities(tmp_path: Path) -> None:
+    with open_topic(tmp_path, StoreSettings(synchronous="off")) as store:
+        store.subscribe("a", "/topic/t")
+        (four,) = store.append([(tmsg(0), ["a"])])
+        dead = store.append([(tmsg(1 + i, priority=9, expires_ms=5), ["a"]) for i in range(1030)])
+        with open_reader(tmp_path) as reader:
+            got = batch(reader, "a", max_messages=1, now_ms=10)
+            assert got.messages == [] and got.expired == dead[:1024] and got.more
+            assert got.scanned_upto == at(dead[1023], 9)
+            got = batch(reader, "a", after=got.scanned_upto, max_messages=1, now_ms=10)
+            assert [m.seq for m in got.messages] == [four] and got.expired == dead[1024:]
+            assert not got.more and got.scanned_upto == at(four, 4, at(dead[-1], 9))
+
+
+def test_pending_after(store: TopicStore) -> None:
+    assert not store.pending_after("a", ZERO)
+    s1, s2, s3 = store.append(
+        [(tmsg(1), ["a"]), (tmsg(2, priority=9), ["a", "b"]), (tmsg(3, priority=0), ["a"])]
+    )
+    assert store.pending_after("a", ZERO) and store.pending_after("b", ZERO)
+    assert not store.pending_after("nobody", ZERO)
+    done = [s3, 0, 0, 0, s1, 0, 0, 0, 0, s2]
+    assert not store.pending_after("a", done)
+    for p in (0, 4, 9):  # one row left behind its own priority's cursor
+        assert store.pending_after("a", at(done[p] - 1, p, done))
+    # Cursors are per priority: past s3 at priority 4 says nothing of priority 9's row s2.
+    assert store.pending_after("b", at(s3, 4)) and not store.pending_after("b", at(s2, 9))
+    store.ack([("a", s2)], "acked", 1)
+    assert not store.pending_after("a", at(0, 9, done))
+    for wrong in ([0] * 9, [0] * 11, []):
+        with pytest.raises(ValueError, match="one per priority"):
+            store.pending_after("a", wrong)
+
+
+def test_backlog_queries_use_the_priority_index(store: TopicStore) -> None:
+    for sql, args in (
+        (_SELECT_PENDING, ("a", 4, 0, 100)),
+        (_PRIORITIES_AFTER, ("a", *ZERO)),
+        (_PRIORITIES_AFTER + " LIMIT 1", ("a", *ZERO)),
+    ):
+        plan = [row[-1] for row in store._conn.execute(f"EXPLAIN QUERY PLAN {sql}", args)]
+        searches = [step for step in plan if "pending" in step]
+        assert searches and all(
+            "pending_sub_priority (sub=? AND priority=? AND seq>?)" in step for step in searches
+        ), plan
 
 
 def test_reader_redeliver_below(store: TopicStore, tmp_path: Path) -> None:
@@ -475,7 +681,7 @@ def test_reader_while_a_writer_appends_and_acks(tmp_path: Path) -> None:
     thread = threading.Thread(target=write)
     thread.start()
     seen: list[int] = []
-    after = 0
+    after = ZERO
     with open_reader(tmp_path) as reader:
         while True:
             alive = thread.is_alive()
@@ -511,7 +717,13 @@ def test_reader_errors_name_the_file(tmp_path: Path) -> None:
 
 NAMES = ("a", "b", "c")
 op = st.one_of(
-    st.tuples(st.just("append"), st.lists(st.sets(st.sampled_from(NAMES), min_size=1), max_size=4)),
+    st.tuples(
+        st.just("append"),
+        st.lists(
+            st.tuples(st.sets(st.sampled_from(NAMES), min_size=1), st.sampled_from((0, 4, 4, 9))),
+            max_size=4,
+        ),
+    ),
     st.tuples(st.just("ack"), st.lists(st.tuples(st.sampled_from(NAMES), st.integers(1, 40)))),
     st.tuples(st.just("expire"), st.lists(st.integers(1, 40), max_size=3)),
     st.tuples(st.just("unsubscribe"), st.sampled_from(NAMES)),
@@ -526,6 +738,7 @@ def test_live_messages_are_exactly_those_someone_owes(
 ) -> None:
     root = tmp_path_factory.mktemp("prop")
     model: dict[int, set[str]] = {}  # seq -> subscriptions that owe it
+    priority: dict[int, int] = {}  # seq -> its message's priority
     store = open_topic(root)
     try:
         for name in NAMES:
@@ -534,11 +747,13 @@ def test_live_messages_are_exactly_those_someone_owes(
             if kind == "append" and arg:
                 present = set(store.subscriptions())
                 entries = [
-                    (tmsg(i, body=b"p" * 600), sorted(s & present)) for i, s in enumerate(arg)
+                    (tmsg(i, body=b"p" * 600, priority=p), sorted(s & present))
+                    for i, (s, p) in enumerate(arg)
                 ]
                 entries = [(m, names) for m, names in entries if names]
-                for seq, (_, names) in zip(store.append(entries), entries, strict=True):
+                for seq, (m, names) in zip(store.append(entries), entries, strict=True):
                     model[seq] = set(names)
+                    priority[seq] = m.priority
             elif kind == "ack":
                 store.ack(arg, "acked", 1)
                 for name, seq in arg:
@@ -565,5 +780,11 @@ def test_live_messages_are_exactly_those_someone_owes(
         store.close()
     with open_reader(root) as reader:
         for name in NAMES:
-            got = batch(reader, name)
-            assert [m.seq for m in got.messages] == sorted(s for s, o in model.items() if name in o)
+            # Highest priority first, FIFO within a priority; in one batch or following the
+            # cursors over small ones.
+            expected = sorted(
+                (s for s, o in model.items() if name in o), key=lambda s: -priority[s]
+            )
+            assert [m.seq for m in batch(reader, name).messages] == expected
+            seen, _ = read_all(reader, name, max_messages=2)
+            assert [seq for seqs in seen for seq in seqs] == expected
