@@ -9,6 +9,7 @@ value and what is allowed. Every limit carries its unit in its name (`max_frame_
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import os
 import re
@@ -22,10 +23,12 @@ __all__ = [
     "BrokerSettings",
     "Config",
     "ConfigError",
+    "FlowSettings",
     "QueueSettings",
     "ReplaySettings",
     "RingSettings",
     "StompSettings",
+    "StoreFlowSettings",
     "StoreSettings",
     "TopicSettings",
     "TransactionSettings",
@@ -59,9 +62,16 @@ def _setting(
     min: float | None = None,
     max: float | None = None,
     choices: tuple[str, ...] | None = None,
+    size: bool = False,
 ) -> Any:
-    """A dataclass field that carries its documentation and its allowed range."""
-    return field(default=default, metadata={"doc": doc, "min": min, "max": max, "choices": choices})
+    """A dataclass field that carries its documentation and its allowed range (`size`: an
+    integer that also takes a size string such as '16MiB', as `*_bytes` settings do)."""
+    metadata = {"doc": doc, "min": min, "max": max, "choices": choices, "size": size}
+    return field(default=default, metadata=metadata)
+
+
+def _watermark(default: int, doc: str) -> Any:
+    return _setting(default, doc + " (-1 = off)", min=-1, size=True)
 
 
 @dataclass(frozen=True, slots=True)
@@ -144,10 +154,12 @@ class QueueSettings:
         "most messages one queue holds (waiting, or delivered and not yet acknowledged)",
         min=1,
     )
+    # A hard cap above vol_queue_store.global_byte_high: flow control stops producers
+    # first; this only refuses what was already on its way when they stopped.
     max_bytes: int = _setting(
-        16 * MiB,
+        24 * MiB,
         "most bytes of non-persistent messages all queues of one p2p worker hold in memory "
-        "(the VolQueueStore)",
+        "(the VolQueueStore); past it a SEND is refused",
         min=1,
     )
     # ActiveMQ's RedeliveryPolicy default.
@@ -175,8 +187,16 @@ class TopicSettings:
         1000, "default window of undelivered/unacknowledged messages per topic subscription", min=1
     )
     max_pending_messages: int = _setting(
-        10000, "most messages waiting for one slow topic subscriber", min=1
+        10000,
+        "most messages waiting for one slow topic subscriber; past it a publish is refused",
+        min=1,
     )
+    # The topic live buffer's watermarks: a slow subscriber stops its topic's publishers
+    # (flow control) long before the refusal above.
+    live_msg_high: int = _watermark(
+        5000, "messages waiting for a topic's slowest subscriber that stop its publishers"
+    )
+    live_msg_low: int = _watermark(4000, "...and that let them go again")
 
 
 @dataclass(frozen=True, slots=True)
@@ -260,6 +280,37 @@ class ReplaySettings:
 
 
 @dataclass(frozen=True, slots=True)
+class FlowSettings:
+    """What a producer sees when a limit stops it (DESIGN.md, "Flow control")."""
+
+    # WebLogic's Send Timeout.
+    send_timeout_ms: int = _setting(
+        10000,
+        "a SEND to a stopped destination waits this long for room, then gets an ERROR "
+        "naming the limit (0 = refuse at once)",
+        min=0,
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class StoreFlowSettings:
+    """Watermarks of one kind of store: reaching a `high` stops the producers concerned,
+    only falling to its `low` lets them go again. Per destination, and over all
+    destinations of the store in one worker (`global_*`)."""
+
+    msg_high: int = _watermark(-1, "messages in one destination that stop its producers")
+    msg_low: int = _watermark(-1, "...and that let them go again")
+    byte_high: int = _watermark(-1, "message bytes in one destination that stop its producers")
+    byte_low: int = _watermark(-1, "...and that let them go again")
+    global_msg_high: int = _watermark(-1, "messages in the whole store that stop every producer")
+    global_msg_low: int = _watermark(-1, "...and that let them go again")
+    global_byte_high: int = _watermark(
+        -1, "message bytes in the whole store that stop every producer"
+    )
+    global_byte_low: int = _watermark(-1, "...and that let them go again")
+
+
+@dataclass(frozen=True, slots=True)
 class Config:
     broker: BrokerSettings = field(default_factory=BrokerSettings)
     stomp: StompSettings = field(default_factory=StompSettings)
@@ -269,12 +320,29 @@ class Config:
     transactions: TransactionSettings = field(default_factory=TransactionSettings)
     store: StoreSettings = field(default_factory=StoreSettings)
     replay: ReplaySettings = field(default_factory=ReplaySettings)
+    flow: FlowSettings = field(default_factory=FlowSettings)
+    # The seed's VolQueueStore: 16 MB high, 15 MB low; per queue, stop before the
+    # hard queues.max_messages refusal.
+    vol_queue_store: StoreFlowSettings = field(
+        default_factory=functools.partial(
+            StoreFlowSettings,
+            msg_high=80000,
+            msg_low=60000,
+            global_byte_high=16 * MiB,
+            global_byte_low=15 * MiB,
+        )
+    )
+    # Persistent backlogs live on disk: only the per-queue count is bounded by default.
+    pers_queue_store: StoreFlowSettings = field(
+        default_factory=functools.partial(StoreFlowSettings, msg_high=80000, msg_low=60000)
+    )
+    topic_store: StoreFlowSettings = field(default_factory=StoreFlowSettings)
 
     def replace(self, section: str, **changes: Any) -> Config:
         """A copy with some settings of one section changed (validated)."""
         current = getattr(self, section)
         data = {section: {**dataclasses.asdict(current), **changes}}
-        merged = {name: dataclasses.asdict(getattr(self, name)) for name in _section_types()}
+        merged = {name: dataclasses.asdict(getattr(self, name)) for name in _section_defaults()}
         merged.update(data)
         return config_from_mapping(merged)
 
@@ -293,9 +361,10 @@ def parse_size(text: str) -> int:
     return int(number * _SIZE_UNITS[unit])
 
 
-def _section_types() -> dict[str, type[Any]]:
+def _section_defaults() -> dict[str, Any]:
+    """Each section's default settings (sections of one type may differ in defaults)."""
     return {
-        f.name: f.default_factory  # type: ignore[misc]
+        f.name: f.default_factory()  # type: ignore[operator]
         for f in dataclasses.fields(Config)
     }
 
@@ -319,7 +388,7 @@ def _coerce(key: str, value: object, f: dataclasses.Field[Any]) -> Any:
     kind: type = {"int": int, "float": float, "str": str, "bool": bool}[str(f.type)]
     meta = f.metadata
     allowed = _describe(meta, kind)
-    if kind is int and key.endswith("_bytes") and isinstance(value, str):
+    if kind is int and (key.endswith("_bytes") or meta.get("size")) and isinstance(value, str):
         try:
             value = parse_size(value)
         except ValueError:
@@ -342,22 +411,22 @@ def _coerce(key: str, value: object, f: dataclasses.Field[Any]) -> Any:
 
 def config_from_mapping(data: Mapping[str, Any]) -> Config:
     """Build and validate a Config from a nested mapping (a parsed TOML document)."""
-    sections = _section_types()
+    sections = _section_defaults()
     built: dict[str, Any] = {}
     for name, value in data.items():
         if name not in sections:
             raise ConfigError(name, value, "unknown section; known: " + ", ".join(sections))
         if not isinstance(value, Mapping):
             raise ConfigError(name, value, "must be a table of settings")
-        cls = sections[name]
-        fields = {f.name: f for f in dataclasses.fields(cls)}
+        default = sections[name]
+        fields = {f.name: f for f in dataclasses.fields(default)}
         kwargs: dict[str, Any] = {}
         for key, raw in value.items():
             full = f"{name}.{key}"
             if key not in fields:
                 raise ConfigError(full, raw, "unknown setting; known: " + ", ".join(fields))
             kwargs[key] = _coerce(full, raw, fields[key])
-        built[name] = cls(**kwargs)
+        built[name] = dataclasses.replace(default, **kwargs)
     config = Config(**built)
     _check_consistency(config)
     return config
@@ -399,12 +468,69 @@ def _check_consistency(config: Config) -> None:
             replay.replay_bytes,
             f"must be at most half of rings.capacity_bytes = {cap} (a batch is one ring record)",
         )
+    _check_flow(config)
     if config.stomp.max_header_bytes > config.stomp.max_frame_bytes:
         raise ConfigError(
             "stomp.max_header_bytes",
             config.stomp.max_header_bytes,
             f"must not exceed stomp.max_frame_bytes = {config.stomp.max_frame_bytes}",
         )
+
+
+def _check_watermark(high_key: str, high: int, low_key: str, low: int) -> None:
+    if high == -1 and low != -1:
+        raise ConfigError(low_key, low, f"must be -1 while {high_key} is -1")
+    if high != -1 and not 0 <= low < high:
+        raise ConfigError(low_key, low, f"must be from 0 to below {high_key} = {high}")
+
+
+def _check_flow(config: Config) -> None:
+    """Watermarks: low below high, a destination's limit within the global one, and
+    below the hard limits that refuse."""
+    for section in ("vol_queue_store", "pers_queue_store", "topic_store"):
+        flow: StoreFlowSettings = getattr(config, section)
+        pairs = {
+            "msg": (flow.msg_high, flow.msg_low),
+            "byte": (flow.byte_high, flow.byte_low),
+            "global_msg": (flow.global_msg_high, flow.global_msg_low),
+            "global_byte": (flow.global_byte_high, flow.global_byte_low),
+        }
+        for what, (high, low) in pairs.items():
+            _check_watermark(f"{section}.{what}_high", high, f"{section}.{what}_low", low)
+        for what in ("msg", "byte"):
+            high, global_high = pairs[what][0], pairs["global_" + what][0]
+            if high != -1 and global_high != -1 and high > global_high:
+                raise ConfigError(
+                    f"{section}.{what}_high",
+                    high,
+                    f"must not exceed {section}.global_{what}_high = {global_high}",
+                )
+        if section != "topic_store" and flow.msg_high > config.queues.max_messages:
+            raise ConfigError(
+                f"{section}.msg_high",
+                flow.msg_high,
+                f"must not exceed queues.max_messages = {config.queues.max_messages} "
+                "(producers must stop before messages are refused)",
+            )
+    topics = config.topics
+    _check_watermark(
+        "topics.live_msg_high", topics.live_msg_high, "topics.live_msg_low", topics.live_msg_low
+    )
+    if topics.live_msg_high != -1 and topics.live_msg_high > topics.max_pending_messages:
+        raise ConfigError(
+            "topics.live_msg_high",
+            topics.live_msg_high,
+            f"must not exceed topics.max_pending_messages = {topics.max_pending_messages}",
+        )
+    vol = config.vol_queue_store
+    for key, high in (("byte_high", vol.byte_high), ("global_byte_high", vol.global_byte_high)):
+        if high > config.queues.max_bytes:
+            raise ConfigError(
+                f"vol_queue_store.{key}",
+                high,
+                f"must not exceed queues.max_bytes = {config.queues.max_bytes} "
+                "(producers must stop before messages are refused)",
+            )
 
 
 def load_config(path: str | Path | None = None) -> Config:

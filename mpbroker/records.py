@@ -29,6 +29,7 @@ __all__ = [
     "ConnClosed",
     "Credit",
     "Deliver",
+    "FlowState",
     "Hello",
     "Message",
     "Nack",
@@ -233,6 +234,17 @@ class ReplayHello(msgspec.Struct, array_like=True, gc=False):
     incarnation: int
 
 
+class FlowState(msgspec.Struct, array_like=True, gc=False):
+    """pipeline -> gateways: producers to a destination must stop (`reason` names the limit,
+    e.g. "msg_high 80000") or may go again (`reason` ""). An empty destination stands for
+    every destination of that store in the pipeline (a global limit)."""
+
+    pipeline: int
+    store: str  # the config section of the limit: vol_queue_store, pers_queue_store, ...
+    destination: str
+    reason: str
+
+
 Record = (
     Hello
     | Send
@@ -253,6 +265,7 @@ Record = (
     | ReplayRelease
     | ReplayBatch
     | ReplayHello
+    | FlowState
 )
 
 # Ring kind numbers; 0 is reserved by the ring itself.
@@ -276,6 +289,7 @@ _KINDS: Final[tuple[type[Any], ...]] = (
     ReplayRelease,
     ReplayBatch,
     ReplayHello,
+    FlowState,
 )
 KIND_OF: Final[dict[type[Any], int]] = {cls: i + 1 for i, cls in enumerate(_KINDS)}
 _DECODERS: Final[dict[int, msgspec.msgpack.Decoder[Any]]] = {

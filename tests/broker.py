@@ -53,7 +53,11 @@ class BrokerProcess:
         self._changed = threading.Condition()
         self._reader = threading.Thread(target=self._drain, daemon=True)
         self._reader.start()
-        match = self.wait_for_log(READY, START_TIMEOUT_S)
+        try:
+            match = self.wait_for_log(READY, START_TIMEOUT_S)
+        except AssertionError:
+            self.kill()  # nothing left running, no pipe left open
+            raise
         self.host = match.group(1)
         self.port = int(match.group(2))
 

@@ -107,6 +107,10 @@ def test_config_show_prints_toml_that_reads_back_as_the_same_config(
         "transactions",
         "store",
         "replay",
+        "flow",
+        "vol_queue_store",
+        "pers_queue_store",
+        "topic_store",
     ]
 
 
@@ -122,7 +126,7 @@ def test_config_show_applies_the_file_and_the_command_line_overrides(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     path = tmp_path / "broker.toml"
-    path.write_text('[broker]\nport = 7000\n[queues]\nmax_bytes = "1MiB"\n')
+    path.write_text('[broker]\nport = 7000\n[queues]\nmax_bytes = "32MiB"\n')
     code, out, _ = run(
         capsys,
         "config",
@@ -144,7 +148,7 @@ def test_config_show_applies_the_file_and_the_command_line_overrides(
         "broker", host="0.0.0.0", data_dir="/var/lib/mpbroker", gateways=3, log_level="debug"
     )
     assert config.broker.port == 7000
-    assert config.queues.max_bytes == 1024 * 1024
+    assert config.queues.max_bytes == 32 * 1024 * 1024
 
 
 def test_a_bad_value_in_the_config_file_exits_2_naming_the_key(

@@ -40,7 +40,9 @@ def test_no_file_means_the_documented_defaults() -> None:
     assert config.broker.host == "127.0.0.1"
     assert config.stomp.max_frame_bytes == 1 * MiB
     assert config.rings.capacity_bytes == 2 * MiB
-    assert config.queues.max_bytes == 16 * MiB
+    assert config.queues.max_bytes == 24 * MiB
+    assert config.vol_queue_store.global_byte_high == 16 * MiB
+    assert config.flow.send_timeout_ms == 10000
     assert config.queues.prefetch == 1000
     assert config.topics.max_pending_messages == 10000
     assert config.transactions.max_uncommitted_bytes == 2 * MiB
@@ -61,6 +63,10 @@ def test_every_setting_is_documented_and_listed_in_declaration_order() -> None:
         "transactions",
         "store",
         "replay",
+        "flow",
+        "vol_queue_store",
+        "pers_queue_store",
+        "topic_store",
     }
     assert all(doc for _, _, doc in rows)
     assert (
@@ -279,7 +285,49 @@ def test_replace_validates_the_new_values() -> None:
 
 
 def test_replace_accepts_sizes_like_the_file_does() -> None:
-    assert Config().replace("queues", max_bytes="1MiB").queues == QueueSettings(max_bytes=MiB)
+    assert Config().replace("queues", max_bytes="32MiB").queues == QueueSettings(max_bytes=32 * MiB)
+    flow = Config().replace("topic_store", byte_high="1MiB", byte_low="512KiB").topic_store
+    assert (flow.byte_high, flow.byte_low) == (MiB, 512 * KiB)
+
+
+def test_watermarks_that_contradict_each_other_are_refused_naming_both() -> None:
+    cases = [
+        (
+            {"vol_queue_store": {"msg_low": 90000}},
+            "vol_queue_store.msg_low",
+            "must be from 0 to below vol_queue_store.msg_high = 80000",
+        ),
+        (
+            {"topic_store": {"msg_low": 5}},
+            "topic_store.msg_low",
+            "must be -1 while topic_store.msg_high is -1",
+        ),
+        (
+            {"pers_queue_store": {"global_msg_high": 50, "global_msg_low": 10}},
+            "pers_queue_store.msg_high",
+            "must not exceed pers_queue_store.global_msg_high = 50",
+        ),
+        (
+            {"queues": {"max_messages": 5}},
+            "vol_queue_store.msg_high",
+            "must not exceed queues.max_messages = 5",
+        ),
+        (
+            {"queues": {"max_bytes": "1MiB"}},
+            "vol_queue_store.global_byte_high",
+            "must not exceed queues.max_bytes = 1048576",
+        ),
+        (
+            {"topics": {"max_pending_messages": 100}},
+            "topics.live_msg_high",
+            "must not exceed topics.max_pending_messages = 100",
+        ),
+    ]
+    for data, key, why in cases:
+        with pytest.raises(ConfigError) as info:
+            config_from_mapping(data)
+        assert info.value.key == key
+        assert why in str(info.value)
 
 
 # -- load_config -----------------------------------------------------------------------------

@@ -20,6 +20,7 @@ from mpbroker.records import (
     ConnClosed,
     Credit,
     Deliver,
+    FlowState,
     Hello,
     Message,
     Nack,
@@ -75,6 +76,8 @@ EVERY_RECORD: list[Record] = [
     ReplayRelease(1, "app/sub"),
     ReplayBatch("app/sub", 7, [MESSAGE], [3, 4], [12] * 10, True),
     ReplayHello(0, 1),
+    FlowState(1, "vol_queue_store", "/queue/q", "msg_high 80000"),
+    FlowState(1, "topics", "", ""),
 ]
 
 
@@ -93,7 +96,7 @@ def test_every_record_type_has_its_own_kind_from_one() -> None:
     assert sorted(KIND_OF.values()) == list(range(1, len(record_types) + 1))
 
 
-@pytest.mark.parametrize("kind", [0, 20, -1, 255])
+@pytest.mark.parametrize("kind", [0, 21, -1, 255])
 def test_decode_of_an_unknown_kind_is_a_value_error(kind: int) -> None:
     with pytest.raises(ValueError, match=f"unknown record kind {kind}"):
         decode(kind, b"\x90")

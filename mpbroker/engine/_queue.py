@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 import msgspec
 
 from mpbroker.config import QueueSettings
+from mpbroker.flow import FlowTracker
 from mpbroker.records import (
     ACK_AUTO,
     Deliver,
@@ -75,6 +76,10 @@ class QueueEngine(Engine):
         self.loader: Callable[[int], Message] | None = None
         self.cache_entries = 0
         self.cached = 0
+        # Flow control: what each store holds per queue (waiting or unacknowledged),
+        # against its watermarks. The worker sends the changes to the gateways.
+        self.flow_volatile: FlowTracker | None = None
+        self.flow_persistent: FlowTracker | None = None
 
     # -- producers -----------------------------------------------------------------------
 
@@ -128,6 +133,9 @@ class QueueEngine(Engine):
         queue.held_messages += 1
         if not message.persistent:
             self.held_bytes += message.size
+        flow = self.flow_persistent if message.persistent else self.flow_volatile
+        if flow is not None:
+            flow.add(name, 1, message.size)
         self._dispatch(queue)
 
     def _refusal(self, held_messages: int, size: int, persistent: bool) -> str:
@@ -254,6 +262,7 @@ class QueueEngine(Engine):
         queue.held_messages -= 1
         if not message.persistent:
             self.held_bytes -= message.size
+        self._flow_left(queue, [message])
         if message.seq:
             self.dead_letters.append((message.seq, copy))
         else:
@@ -270,8 +279,17 @@ class QueueEngine(Engine):
         """Messages leave the store: acknowledged (or consumed at most once), or expired."""
         queue.held_messages -= len(messages)
         self.held_bytes -= sum(m.size for m in messages if not m.persistent)
+        self._flow_left(queue, messages)
         refs = self.expired_refs if expired else self.settled_refs
         refs.extend((queue.name, m.seq) for m in messages if m.seq)
+
+    def _flow_left(self, queue: _Queue, messages: list[Message]) -> None:
+        for flow, persistent in ((self.flow_volatile, False), (self.flow_persistent, True)):
+            if flow is None:
+                continue
+            gone = [m for m in messages if m.persistent is persistent]
+            if gone:
+                flow.remove(queue.name, len(gone), sum(m.size for m in gone))
 
     def purge(self, destination: str) -> int:
         """Drop every waiting message of a queue (a removed durable subscription's
@@ -299,6 +317,7 @@ class QueueEngine(Engine):
             evicted.append(self._taken_index(queue.pending.popleft()))
         queue.held_messages -= len(evicted)
         self.held_bytes -= sum(m.size for m in evicted if not m.persistent)
+        self._flow_left(queue, evicted)
         self._drop_if_idle(queue)
         return evicted
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import msgspec
 
 from mpbroker.config import TopicSettings
+from mpbroker.flow import FlowChange, Level, Watermark
 from mpbroker.records import Deliver, Message, Refuse, Send
 
 from ._common import Consumer, Engine, Outbox
@@ -25,6 +26,11 @@ class TopicEngine(Engine):
         super().__init__(pipeline, outbox)
         self.settings = settings
         self.topics: dict[str, list[Consumer]] = {}
+        # The live buffer's watermarks, per topic, on its slowest subscriber's backlog:
+        # a level exists only while a topic is near or over its high watermark.
+        self.live_mark = Watermark(settings.live_msg_high, settings.live_msg_low)
+        self.live_levels: dict[str, Level] = {}
+        self.flow_changes: list[FlowChange] = []
 
     def _send(self, gateway: int, record: Send) -> None:
         message = record.message
@@ -63,6 +69,7 @@ class TopicEngine(Engine):
             self.outbox.add(gateway_index, Deliver(batch, message))
             self.delivered += len(batch)
         self._receipt(gateway, record.conn, record.receipt)
+        self._check_live(message.destination)
 
     def _settled(self, consumer: Consumer, messages: list[Message], *, nack: bool) -> None:
         if nack:
@@ -78,11 +85,39 @@ class TopicEngine(Engine):
     def _drain(self, consumer: Consumer) -> None:
         """Move backlog into the window while it has room."""
         gateway, conn, sub = consumer.key
+        moved = bool(consumer.pending)
         while consumer.pending and len(consumer.unacked) < consumer.prefetch:
             message = consumer.pending.popleft()
             consumer.unacked[message.message_id] = message
             self.outbox.add(gateway, Deliver([(conn, sub)], message))
             self.delivered += 1
+        if moved:
+            self._check_live(consumer.destination)
+
+    def _check_live(self, topic: str) -> None:
+        """Stop the topic's publishers when its slowest subscriber is `live_msg_high`
+        behind; let them go once it is back to `live_msg_low`."""
+        mark = self.live_mark
+        if not mark.enabled:
+            return
+        level = self.live_levels.get(topic)
+        if level is None and not self.topics.get(topic):
+            return
+        deepest = max((len(c.pending) for c in self.topics.get(topic, ())), default=0)
+        if level is None:
+            if deepest < mark.high:
+                return
+            level = self.live_levels[topic] = Level(mark, "live_msg_high")
+        change = level.update(deepest)
+        if change is True:
+            self.flow_changes.append(FlowChange(topic, level.reason))
+        elif change is False:
+            self.flow_changes.append(FlowChange(topic, ""))
+            del self.live_levels[topic]
+
+    def live_stops(self) -> dict[str, str]:
+        """Topics whose publishers are stopped now, and why."""
+        return {topic: level.reason for topic, level in self.live_levels.items() if level.armed}
 
     def _removed(self, consumers: list[Consumer], *, requeue_auto: bool) -> None:
         # A non-durable subscription's backlog and window go with it.
@@ -91,3 +126,5 @@ class TopicEngine(Engine):
             subscribers.remove(consumer)
             if not subscribers:
                 del self.topics[consumer.destination]
+        for topic in {c.destination for c in consumers}:
+            self._check_live(topic)

@@ -20,6 +20,7 @@ import trio
 
 from mpbroker import records
 from mpbroker.clock import epoch_ms
+from mpbroker.flow import FlowGate, Stop
 from mpbroker.gateway_session import GatewaySession, SessionState, TransactionBudget
 from mpbroker.records import Hello, Record
 from mpbroker.shm import (
@@ -129,6 +130,9 @@ class Gateway:
             max_header_bytes=stomp.max_header_bytes,
         )
         self.stopping = False
+        # Flow control: the stops our pipelines announced; waiting SENDs wake on a change.
+        self.flow = FlowGate(layout.topology)
+        self.flow_changed = trio.Event()
 
     # -- rings ---------------------------------------------------------------------------
 
@@ -203,8 +207,31 @@ class Gateway:
                     pending_routes.extend(conn.session.routes)
                     conn.session.routes.clear()
                 pending_routes.append((pipeline, records.Registered(self.index, incarnation)))
+                # Its predecessor's stops are moot; it announces the ones that still hold.
+                self.flow.pipeline_restarted(pipeline)
+                self._flow_changed()
+            case records.FlowState():
+                self.flow.apply(record)
+                self._flow_changed()
             case _:
                 log.error("unexpected record from a pipeline: %r", type(record).__name__)
+
+    def _flow_changed(self) -> None:
+        self.flow_changed.set()
+        self.flow_changed = trio.Event()
+
+    async def _wait_for_room(self, frame: Frame, stop: Stop) -> Stop | None:
+        """Hold a SEND while its destination is stopped, at most `send_timeout_ms`; the
+        stop still in force then (None: it may go). The connection reads nothing more
+        meanwhile (frames after it must not overtake it); other connections go on."""
+        destination = frame.headers.get("destination", "")
+        persistent = frame.headers.get("persistent") == "true"
+        current: Stop | None = stop
+        with trio.move_on_after(self.config.flow.send_timeout_ms / 1000):
+            while current is not None:
+                await self.flow_changed.wait()
+                current = self.flow.stop_for(destination, persistent)
+        return current
 
     # -- connections ---------------------------------------------------------------------
 
@@ -308,6 +335,16 @@ class Gateway:
                 frames = []
             now = epoch_ms()
             for frame in frames:
+                stop = self._stop_for(session, frame)
+                if stop is not None:
+                    # What came before it goes first; then it waits for room.
+                    if session.routes:
+                        await self.route(session.routes)
+                    stop = await self._wait_for_room(frame, stop)
+                    if stop is not None:
+                        self._refuse_stopped(conn, frame, stop)
+                        break
+                    now = epoch_ms()
                 was_connected = session.connected
                 session.on_frame(frame, now)
                 if not was_connected and session.connected:
@@ -320,6 +357,29 @@ class Gateway:
                 await self.route(session.routes)
             if session.out or session.closing or session.disconnecting:
                 conn.notify()
+
+    def _stop_for(self, session: GatewaySession, frame: Frame) -> Stop | None:
+        if (
+            frame.command != "SEND"
+            or not session.connected
+            or "transaction" in frame.headers
+            or not self.flow.stops
+        ):
+            return None
+        destination = frame.headers.get("destination", "")
+        return self.flow.stop_for(destination, frame.headers.get("persistent") == "true")
+
+    def _refuse_stopped(self, conn: _Connection, frame: Frame, stop: Stop) -> None:
+        destination = frame.headers.get("destination", "")
+        timeout = self.config.flow.send_timeout_ms
+        where = f"{stop.store}.{stop.reason.split(' ')[0]}"
+        message = f"ResourceAllocation: {destination} {stop.reason} reached"
+        detail = (
+            f"The message was not accepted: {'its destination' if stop.destination else 'the store'}"
+            f" stayed over {where} for send_timeout_ms {timeout}."
+        )
+        log.info("refused a SEND from %s: %s", conn.peer, message)
+        conn.session.fail(message, detail, frame.headers.get("receipt", ""))
 
     async def _writer(self, conn: _Connection) -> None:
         session = conn.session

@@ -16,8 +16,16 @@ from types import FrameType
 from mpbroker import records
 from mpbroker.clock import epoch_ms
 from mpbroker.engine import Engine, Outbox, QueueEngine, TopicEngine
+from mpbroker.flow import (
+    STORE_LIVE,
+    STORE_PERSISTENT_QUEUES,
+    STORE_VOLATILE_QUEUES,
+    FlowTracker,
+    store_limits,
+)
 from mpbroker.records import (
     Barrier,
+    FlowState,
     Hello,
     PipelineHello,
     Registered,
@@ -93,8 +101,17 @@ class Pipeline:
         self.replay_reader: RingReader | None = None
         self.replay_outlet: Outlet | None = None
         self.replay_bell: Doorbell | None = None
+        # Flow control: the store limits this worker watches, by config section.
+        self.flow_trackers: list[tuple[str, FlowTracker]] = []
+        self.topic_engine: TopicEngine | None = None
         if spec.role == "p2p":
             engine = QueueEngine(config.queues, spec.index, self.outbox)
+            engine.flow_volatile = FlowTracker(store_limits(config.vol_queue_store))
+            engine.flow_persistent = FlowTracker(store_limits(config.pers_queue_store))
+            self.flow_trackers = [
+                (STORE_VOLATILE_QUEUES, engine.flow_volatile),
+                (STORE_PERSISTENT_QUEUES, engine.flow_persistent),
+            ]
             store = MessageStore.open(store_directory(config, "p2p", spec.index), config.store)
             self.persistence = QueuePersistence(store, engine, self.outbox, config)
             self.engine = self.queue_engine = engine
@@ -109,7 +126,7 @@ class Pipeline:
             self.durables = Durables(
                 topic_store, topics, queues, self.outbox, config, spec.index, spec.incarnation
             )
-            self.engine = topics
+            self.engine = self.topic_engine = topics
             self.queue_engine = queues
             batches = Ring.attach(layout.from_replay(spec.index))
             requests = Ring.attach(layout.to_replay(spec.index))
@@ -144,6 +161,9 @@ class Pipeline:
                 if isinstance(record, Hello):
                     # That gateway restarted: what we still owed its old connections is moot.
                     self.outlets[gateway].clear()
+                    # It knows of no stop: tell it the ones in force.
+                    for state in self._flow_in_force():
+                        self.outbox.add(gateway, state)
                     if record.incarnation > 0:
                         log.info("gateway %d restarted: dropping its consumers", gateway)
                 if self.unregistered:
@@ -219,7 +239,45 @@ class Pipeline:
         for gateway, record in held:
             self._handle(gateway, record)
 
+    def _flow_in_force(self) -> list[FlowState]:
+        index = self.spec.index
+        states = [
+            FlowState(index, store, destination, reason)
+            for store, tracker in self.flow_trackers
+            for destination, reason in tracker.stopped().items()
+        ]
+        if self.topic_engine is not None:
+            states += [
+                FlowState(index, STORE_LIVE, topic, reason)
+                for topic, reason in self.topic_engine.live_stops().items()
+            ]
+        return states
+
+    def _announce_flow_changes(self) -> None:
+        """Stops and releases since the last batch go to every gateway."""
+        index = self.spec.index
+        states = [
+            FlowState(index, store, change.destination, change.reason)
+            for store, tracker in self.flow_trackers
+            for change in tracker.changes()
+        ]
+        if self.topic_engine is not None and self.topic_engine.flow_changes:
+            states += [
+                FlowState(index, STORE_LIVE, change.destination, change.reason)
+                for change in self.topic_engine.flow_changes
+            ]
+            self.topic_engine.flow_changes.clear()
+        for state in states:
+            what = state.destination or f"every destination ({state.store})"
+            if state.reason:
+                log.info("flow: producers to %s stopped: %s reached", what, state.reason)
+            else:
+                log.info("flow: producers to %s may go again", what)
+            for gateway in range(len(self.outlets)):
+                self.outbox.add(gateway, state)
+
     def flush(self) -> None:
+        self._announce_flow_changes()
         for gateway, batch in self.outbox.take().items():
             outlet = self.outlets[gateway]
             for record in batch:

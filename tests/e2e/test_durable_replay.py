@@ -168,7 +168,7 @@ def test_many_subscribers_return_at_once_to_a_large_backlog(
 def test_a_slow_live_subscriber_is_paged_back_to_the_store(
     start_broker: type[BrokerProcess], raw: RawFactory
 ) -> None:
-    config = "[topics]\nmax_pending_messages = 50\n"
+    config = "[topics]\nmax_pending_messages = 50\nlive_msg_high = 40\nlive_msg_low = 30\n"
     broker = start_broker("--gateways", "1", config=config)
     topic = "/topic/slow"
     client = durable(broker, raw, "slow", topic, prefetch=10)

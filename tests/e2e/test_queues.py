@@ -245,10 +245,18 @@ def test_receipts_and_disconnect_receipt(broker: BrokerProcess, raw: RawFactory)
     assert frames[0].headers["receipt-id"] == "bye"
 
 
+# The hard limit alone: flow control (which would stop the producer first) switched off.
+HARD_LIMIT_ONLY = (
+    "[queues]\nmax_messages = 5\n"
+    "[vol_queue_store]\nmsg_high = -1\nmsg_low = -1\n"
+    "[pers_queue_store]\nmsg_high = -1\nmsg_low = -1\n"
+)
+
+
 def test_queue_bound_refuses_with_error_naming_the_limit(
     start_broker: type[BrokerProcess], raw: RawFactory
 ) -> None:
-    broker = start_broker("--gateways", "1", config="[queues]\nmax_messages = 5\n")
+    broker = start_broker("--gateways", "1", config=HARD_LIMIT_ONLY)
     producer = raw(broker)
     producer.connect()
     for n in range(5):

@@ -972,3 +972,21 @@ def test_stored_messages_beyond_the_index_cache_wait_paged_and_come_back_whole()
     [again] = delivered_messages(engine.outbox.take())
     assert (again.body, again.redelivered) == (b"body5", True)
     assert engine.cached == 0
+
+
+# -- flow control ----------------------------------------------------------------------------
+
+
+def test_flow_trackers_count_what_each_queue_holds_until_it_is_settled() -> None:
+    from mpbroker.flow import FlowChange, FlowTracker, StoreLimits, Watermark
+
+    engine = make_engine()
+    off = Watermark(-1, -1)
+    engine.flow_volatile = FlowTracker(StoreLimits(Watermark(3, 1), off, off, off))
+    send_all(engine, ["a", "b", "c"])
+    assert engine.flow_volatile.changes() == [FlowChange(Q, "msg_high 3")]
+    engine.handle(9, subscribe(1, 1, prefetch=10))
+    assert engine.flow_volatile.changes() == []  # delivered but unacknowledged: still held
+    engine.handle(9, Ack(1, 1, "b"))  # client mode: a and b
+    assert engine.flow_volatile.changes() == [FlowChange(Q, "")]
+    assert engine.flow_volatile.counts(Q)[0] == 1

@@ -384,3 +384,22 @@ def test_each_subscriber_receives_exactly_the_accepted_messages_in_order(
                 in_window[s] += 1
     for sub in range(len(prefetches)):
         assert received.get((sub % 2, 1, sub), []) == accepted
+
+
+# -- flow control ----------------------------------------------------------------------------
+
+
+def test_a_slow_subscriber_arms_its_topics_live_watermark_until_it_catches_up() -> None:
+    from mpbroker.flow import FlowChange
+
+    engine = make_engine(live_msg_high=3, live_msg_low=1)
+    engine.handle(9, subscribe(1, 1, ack_mode=ACK_CLIENT, prefetch=1))
+    for n in range(4):  # one in the window, three waiting
+        engine.handle(9, send(2, f"m{n}", T))
+    assert engine.flow_changes == [FlowChange(T, "live_msg_high 3")]
+    assert engine.live_stops() == {T: "live_msg_high 3"}
+    engine.flow_changes.clear()
+    engine.handle(9, Ack(1, 1, "m0"))  # two waiting: still over low
+    engine.handle(9, Ack(1, 1, "m1"))  # one waiting: low
+    assert engine.flow_changes == [FlowChange(T, "")]
+    assert engine.live_stops() == {}

@@ -1,0 +1,54 @@
+"""Flow control logic: when producers must stop, slow down, or wait. Pure logic.
+
+DESIGN.md, "Flow control": every limit is a pair of watermarks, crossing `high` stops
+producers and only falling to `low` starts them again.
+
+* `Watermark`, `Level`: one watermark pair and its armed state on one running value.
+* `StoreLimits`, `FlowTracker`, `FlowChange`: per-destination and global store limits on
+  messages and bytes; reports which destinations are stopped and why.
+* `RateSettings`, `RateFlow`: WebLogic-style rate-based producer flow (geometric decay
+  while armed, linear recovery after).
+* `QuotaSettings`, `QuotaPolicy`, `Quota`: WebLogic-style named quotas with FIFO or
+  preemptive service of waiting senders.
+* `FlowGate`, `Stop`: a gateway's view of its pipelines' stops: which SEND must wait.
+* `store_limits`: a config section's watermarks as `StoreLimits`.
+
+No sockets, no clocks, no stores: callers pass in amounts and the current time, and the
+workers wire the results to rings and gateways.
+"""
+
+from ._gate import (
+    STORE_LIVE,
+    STORE_PERSISTENT_QUEUES,
+    STORE_TOPICS,
+    STORE_VOLATILE_QUEUES,
+    FlowGate,
+    Stop,
+)
+from ._limits import GLOBAL, FlowChange, FlowTracker, StoreLimits, store_limits
+from ._quota import NO_LIMIT, Quota, QuotaPolicy, QuotaSettings
+from ._rate import RateFlow, RateSettings
+from ._watermark import OFF, Level, Watermark
+
+__all__ = [
+    "GLOBAL",
+    "NO_LIMIT",
+    "OFF",
+    "STORE_LIVE",
+    "STORE_PERSISTENT_QUEUES",
+    "STORE_TOPICS",
+    "STORE_VOLATILE_QUEUES",
+    "FlowChange",
+    "FlowGate",
+    "FlowTracker",
+    "Level",
+    "Quota",
+    "QuotaPolicy",
+    "QuotaSettings",
+    "RateFlow",
+    "RateSettings",
+    "Stop",
+    "StoreLimits",
+    "Watermark",
+    "store_limits",
+]

@@ -1,0 +1,155 @@
+"""Named quotas, as WebLogic JMS has them. Pure logic.
+
+A quota bounds the messages and bytes that one or more destinations may hold. A sender
+whose message does not fit waits (up to its send timeout, which the caller enforces) for
+room; the quota decides who gets room that comes back (DESIGN.md, "Flow control"):
+
+* FIFO: waiting senders are served in arrival order. A new request waits behind anyone
+  already waiting even if it would fit, and room that comes back goes to the head of the
+  line while the head fits; a large head message holds up smaller ones behind it, which is
+  the price of never starving it.
+* PREEMPTIVE: any request that fits is granted at once, even while others wait; room that
+  comes back goes to every waiting request that fits, in arrival order, skipping larger
+  ones. Better throughput, but a large message may wait for ever under steady traffic.
+
+Senders are known by tickets (ints chosen by the caller, e.g. a connection's send id).
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+__all__ = ["NO_LIMIT", "Quota", "QuotaPolicy", "QuotaSettings"]
+
+NO_LIMIT = -1  # for QuotaSettings.max_messages / max_bytes
+
+
+class QuotaPolicy(enum.Enum):
+    FIFO = "fifo"
+    PREEMPTIVE = "preemptive"
+
+
+@dataclass(frozen=True, slots=True)
+class QuotaSettings:
+    """One named quota from the configuration."""
+
+    name: str
+    max_messages: int
+    """Messages the quota holds at most; `NO_LIMIT` (-1) for no limit."""
+    max_bytes: int
+    """Bytes the quota holds at most; `NO_LIMIT` (-1) for no limit."""
+    shared: bool
+    """Whether the destinations that name this quota compete for one instance of it or
+    each get their own; the caller decides that, the quota only carries the setting."""
+    policy: QuotaPolicy
+
+    def __post_init__(self) -> None:
+        for key, value in (("max_messages", self.max_messages), ("max_bytes", self.max_bytes)):
+            if value < NO_LIMIT:
+                raise ValueError(
+                    f"quota {self.name}: {key} {value}: need >= 0, or {NO_LIMIT} for no limit"
+                )
+
+
+class Quota:
+    """The room left in one quota, and the senders waiting for room."""
+
+    __slots__ = ("_bytes", "_messages", "_waiting", "settings")
+
+    def __init__(self, settings: QuotaSettings) -> None:
+        self.settings = settings
+        self._messages = 0
+        self._bytes = 0
+        # ticket -> (messages, bytes), in arrival order; a dict so `cancel` is O(1).
+        self._waiting: dict[int, tuple[int, int]] = {}
+
+    def request(self, ticket: int, messages: int, nbytes: int) -> bool:
+        """True: granted and counted now. False: `ticket` waits; `release` (or `cancel` of
+        a sender ahead of it) grants it later.
+
+        A request that can never fit (see `fits_ever`) is refused with ValueError: the
+        caller must fail such a send at once instead of letting it wait for nothing.
+        """
+        _check_amounts(self.settings.name, messages, nbytes)
+        if not self.fits_ever(messages, nbytes):
+            s = self.settings
+            raise ValueError(
+                f"quota {s.name}: {messages} messages, {nbytes} bytes can never fit "
+                f"(max_messages {s.max_messages}, max_bytes {s.max_bytes})"
+            )
+        if ticket in self._waiting:
+            raise ValueError(f"quota {self.settings.name}: ticket {ticket} is already waiting")
+        if (self.settings.policy is QuotaPolicy.PREEMPTIVE or not self._waiting) and self._fits(
+            messages, nbytes
+        ):
+            self._messages += messages
+            self._bytes += nbytes
+            return True
+        self._waiting[ticket] = (messages, nbytes)
+        return False
+
+    def release(self, messages: int, nbytes: int) -> list[int]:
+        """Granted messages left (stored messages consumed, or a send failed after its
+        grant); returns the waiting tickets granted now, in grant order.
+
+        Used amounts never go below 0: releasing more than was granted is clamped, as
+        this is accounting that must keep going.
+        """
+        _check_amounts(self.settings.name, messages, nbytes)
+        self._messages = max(0, self._messages - messages)
+        self._bytes = max(0, self._bytes - nbytes)
+        return self._grant()
+
+    def cancel(self, ticket: int) -> list[int]:
+        """A waiting sender gave up (its send timeout passed). Unknown tickets (already
+        granted, or cancelled) are ignored: a grant and a timeout may cross.
+
+        Returns the tickets granted because of it: under FIFO, removing the head of the
+        line can let the senders behind it through, and nothing else would tell them.
+        Always empty under PREEMPTIVE, where no waiter ever fits."""
+        if self._waiting.pop(ticket, None) is None:
+            return []
+        return self._grant()
+
+    def fits_ever(self, messages: int, nbytes: int) -> bool:
+        """False when the amounts exceed the quota itself: such a send is refused at once."""
+        s = self.settings
+        return (s.max_messages == NO_LIMIT or messages <= s.max_messages) and (
+            s.max_bytes == NO_LIMIT or nbytes <= s.max_bytes
+        )
+
+    @property
+    def used(self) -> tuple[int, int]:
+        """(messages, bytes) granted and not released."""
+        return (self._messages, self._bytes)
+
+    @property
+    def waiting(self) -> int:
+        """Senders waiting for room."""
+        return len(self._waiting)
+
+    def _fits(self, messages: int, nbytes: int) -> bool:
+        s = self.settings
+        return (s.max_messages == NO_LIMIT or self._messages + messages <= s.max_messages) and (
+            s.max_bytes == NO_LIMIT or self._bytes + nbytes <= s.max_bytes
+        )
+
+    def _grant(self) -> list[int]:
+        granted: list[int] = []
+        fifo = self.settings.policy is QuotaPolicy.FIFO
+        for ticket, (messages, nbytes) in self._waiting.items():
+            if self._fits(messages, nbytes):
+                self._messages += messages
+                self._bytes += nbytes
+                granted.append(ticket)
+            elif fifo:
+                break  # nobody passes the head of the line
+        for ticket in granted:
+            del self._waiting[ticket]
+        return granted
+
+
+def _check_amounts(name: str, messages: int, nbytes: int) -> None:
+    if messages < 0 or nbytes < 0:
+        raise ValueError(f"quota {name}: negative amount: {messages} messages, {nbytes} bytes")

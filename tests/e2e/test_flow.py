@@ -1,0 +1,199 @@
+"""Flow control end to end: watermarks stop producers, send timeouts refuse, nothing is
+half-accepted."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+
+import pytest
+
+from tests.broker import BrokerProcess, RawClient
+
+RawFactory = Callable[[BrokerProcess], RawClient]
+
+pytestmark = pytest.mark.slow
+
+
+class Producer(threading.Thread):
+    """Sends one message at a time, each with a receipt, and counts the receipts."""
+
+    def __init__(self, broker: BrokerProcess, destination: str, count: int) -> None:
+        super().__init__(daemon=True)
+        self.client = RawClient(broker.host, broker.port, timeout=30)
+        self.client.connect()
+        self.destination = destination
+        self.count = count
+        self.receipts = 0
+        self.error: str = ""
+
+    def run(self) -> None:
+        try:
+            for n in range(self.count):
+                self.client.send(
+                    "SEND", {"destination": self.destination, "receipt": str(n)}, b"m%d" % n
+                )
+                frame = self.client.recv(timeout=60)
+                if frame.command != "RECEIPT":
+                    self.error = frame.headers.get("message", frame.command)
+                    return
+                self.receipts += 1
+        except (AssertionError, OSError) as exc:
+            self.error = str(exc)
+
+    def wait_for(self, receipts: int, timeout: float = 15) -> None:
+        deadline = time.monotonic() + timeout
+        while self.receipts < receipts:
+            assert not self.error, self.error
+            assert time.monotonic() < deadline, f"{self.receipts} receipts, wanted {receipts}"
+            time.sleep(0.01)
+
+    def stays_at(self, receipts: int, seconds: float = 0.7) -> None:
+        time.sleep(seconds)
+        assert self.receipts == receipts
+
+    def finish(self) -> None:
+        self.join(30)
+        self.client.close()
+
+
+def test_a_producer_stops_at_high_and_resumes_only_below_low(
+    start_broker: type[BrokerProcess], raw: RawFactory
+) -> None:
+    config = "[vol_queue_store]\nmsg_high = 20\nmsg_low = 10\n[flow]\nsend_timeout_ms = 60000\n"
+    broker = start_broker("--gateways", "1", config=config)
+    producer = Producer(broker, "/queue/flow", 25)
+    producer.start()
+    try:
+        producer.wait_for(20)
+        producer.stays_at(20)  # stopped at msg_high, no error: it waits
+        broker.wait_for_log(r"producers to /queue/flow stopped: msg_high 20 reached")
+        consumer = raw(broker)
+        consumer.connect()
+        consumer.send(
+            "SUBSCRIBE",
+            {
+                "destination": "/queue/flow",
+                "id": "c",
+                "ack": "client-individual",
+                "activemq.prefetchSize": "1",
+            },
+        )
+        for _ in range(9):  # 11 left: above low, still stopped
+            frame = consumer.recv()
+            consumer.send("ACK", {"id": frame.headers["ack"]})
+        producer.stays_at(20)
+        frame = consumer.recv()
+        consumer.send("ACK", {"id": frame.headers["ack"]})  # 10 left: low reached
+        producer.wait_for(25)  # 15 held now: below msg_high again
+        broker.wait_for_log(r"producers to /queue/flow may go again")
+    finally:
+        producer.finish()
+    assert not producer.error
+
+
+def test_send_timeout_refuses_with_an_error_naming_the_limit_and_loses_nothing(
+    start_broker: type[BrokerProcess], raw: RawFactory
+) -> None:
+    config = "[vol_queue_store]\nmsg_high = 5\nmsg_low = 2\n[flow]\nsend_timeout_ms = 500\n"
+    broker = start_broker("--gateways", "1", config=config)
+    client = raw(broker)
+    client.connect()
+    for n in range(5):
+        client.send("SEND", {"destination": "/queue/timeout", "receipt": str(n)}, b"ok%d" % n)
+        assert client.recv().command == "RECEIPT"
+    started = time.monotonic()
+    client.send("SEND", {"destination": "/queue/timeout", "receipt": "late"}, b"refused")
+    frames = client.recv_until_closed()
+    waited = time.monotonic() - started
+    assert [f.command for f in frames] == ["ERROR"]
+    error = frames[0]
+    assert error.headers["message"] == "ResourceAllocation: /queue/timeout msg_high 5 reached"
+    assert error.headers["receipt-id"] == "late"
+    assert "send_timeout_ms 500" in error.body.decode()
+    assert waited >= 0.4  # it waited for room before giving up
+    consumer = raw(broker)
+    consumer.connect()
+    consumer.send("SUBSCRIBE", {"destination": "/queue/timeout", "id": "c"})
+    assert [consumer.recv().body for _ in range(5)] == [b"ok%d" % n for n in range(5)]
+    with pytest.raises(AssertionError):
+        consumer.recv(timeout=0.5)
+
+
+def test_send_timeout_zero_refuses_at_once(
+    start_broker: type[BrokerProcess], raw: RawFactory
+) -> None:
+    config = "[vol_queue_store]\nmsg_high = 3\nmsg_low = 1\n[flow]\nsend_timeout_ms = 0\n"
+    broker = start_broker("--gateways", "1", config=config)
+    client = raw(broker)
+    client.connect()
+    for n in range(3):
+        client.send("SEND", {"destination": "/queue/zero", "receipt": str(n)}, b"x")
+        assert client.recv().command == "RECEIPT"
+    client.send("SEND", {"destination": "/queue/zero", "receipt": "r"}, b"x")
+    frames = client.recv_until_closed()
+    assert frames[0].headers["message"] == "ResourceAllocation: /queue/zero msg_high 3 reached"
+
+
+def test_a_global_limit_stops_producers_to_every_queue_of_the_store(
+    start_broker: type[BrokerProcess], raw: RawFactory
+) -> None:
+    config = (
+        "[vol_queue_store]\nmsg_high = -1\nmsg_low = -1\n"
+        "global_msg_high = 10\nglobal_msg_low = 4\n[flow]\nsend_timeout_ms = 300\n"
+    )
+    broker = start_broker("--gateways", "1", config=config)
+    client = raw(broker)
+    client.connect()
+    for n in range(10):
+        client.send("SEND", {"destination": f"/queue/g{n % 2}", "receipt": str(n)}, b"x")
+        assert client.recv().command == "RECEIPT"
+    client.send("SEND", {"destination": "/queue/another", "receipt": "r"}, b"x")
+    frames = client.recv_until_closed()
+    assert frames[0].headers["message"] == (
+        "ResourceAllocation: /queue/another global_msg_high 10 reached"
+    )
+    assert "the store stayed over vol_queue_store.global_msg_high" in frames[0].body.decode()
+
+
+def test_a_slow_topic_subscriber_stops_its_topics_publishers_while_others_flow(
+    start_broker: type[BrokerProcess], raw: RawFactory
+) -> None:
+    config = "[topics]\nlive_msg_high = 20\nlive_msg_low = 5\n[flow]\nsend_timeout_ms = 60000\n"
+    broker = start_broker("--gateways", "1", config=config)
+    slow = raw(broker)
+    slow.connect()
+    slow.send(
+        "SUBSCRIBE",
+        {
+            "destination": "/topic/slow",
+            "id": "s",
+            "ack": "client-individual",
+            "activemq.prefetchSize": "1",
+            "receipt": "s",
+        },
+    )
+    assert slow.recv().command == "RECEIPT"
+    fast = raw(broker)
+    fast.connect()
+    fast.send("SUBSCRIBE", {"destination": "/topic/fast", "id": "f", "receipt": "f"})
+    assert fast.recv().command == "RECEIPT"
+    producer = Producer(broker, "/topic/slow", 30)
+    producer.start()
+    try:
+        producer.wait_for(21)  # one in the window, 20 waiting: live_msg_high
+        producer.stays_at(21)
+        other = Producer(broker, "/topic/fast", 50)
+        other.start()
+        other.wait_for(50)  # another topic flows meanwhile
+        other.finish()
+        assert len([fast.recv() for _ in range(50)]) == 50
+        # The slow subscriber catches up to live_msg_low: its topic's publishers go again.
+        for _ in range(16):
+            frame = slow.recv()
+            slow.send("ACK", {"id": frame.headers["ack"]})
+        producer.wait_for(30)  # 13 waiting now: below live_msg_high again
+    finally:
+        producer.finish()
+    assert not producer.error
