@@ -21,6 +21,7 @@ from typing import Any
 
 __all__ = [
     "BrokerSettings",
+    "CompressionSettings",
     "Config",
     "ConfigError",
     "FlowSettings",
@@ -293,6 +294,19 @@ class FlowSettings:
 
 
 @dataclass(frozen=True, slots=True)
+class CompressionSettings:
+    """WebLogic's message compression: large bodies are stored and passed on compressed;
+    consumers receive the original bytes."""
+
+    threshold_bytes: int = _setting(
+        -1,
+        "bodies larger than this are compressed in the broker (-1 = never)",
+        min=-1,
+    )
+    codec: str = _setting("zlib", "compression codec", choices=("zlib",))
+
+
+@dataclass(frozen=True, slots=True)
 class StoreFlowSettings:
     """Watermarks of one kind of store: reaching a `high` stops the producers concerned,
     only falling to its `low` lets them go again. Per destination, and over all
@@ -321,6 +335,7 @@ class Config:
     store: StoreSettings = field(default_factory=StoreSettings)
     replay: ReplaySettings = field(default_factory=ReplaySettings)
     flow: FlowSettings = field(default_factory=FlowSettings)
+    compression: CompressionSettings = field(default_factory=CompressionSettings)
     # The seed's VolQueueStore: 16 MB high, 15 MB low; per queue, stop before the
     # hard queues.max_messages refusal.
     vol_queue_store: StoreFlowSettings = field(
