@@ -56,6 +56,10 @@ def cmd_config_show(args: argparse.Namespace) -> int:
         # A JSON string is a valid TOML basic string: quotes and backslashes escaped.
         rendered = json.dumps(value) if isinstance(value, str | bool) else str(value)
         print(f"{name} = {rendered}  # {doc}")
+    for table in config.destinations:
+        print(f"\n[destinations.{json.dumps(table.pattern)}]")
+        for name, value in table.items():
+            print(f"{name} = {value}  # overrides the default for matching destinations")
     return 0
 
 

@@ -398,3 +398,50 @@ def test_a_config_file_that_is_not_utf8_is_a_config_error(tmp_path: Path) -> Non
     (tmp_path / "x.toml").write_bytes(b'[broker]\nhost = "caf\xe9"\n')
     with pytest.raises(ConfigError, match="not UTF-8"):
         load_config(tmp_path / "x.toml")
+
+
+def test_destination_tables_override_defaults_for_matching_names_first_match_wins() -> None:
+    config = load_config_text(
+        '[destinations."/queue/orders.*"]\nmsg_high = 100\nmsg_low = 50\n'
+        "send_timeout_ms = 0\n"
+        '[destinations."/queue/*"]\nbyte_high = "1MiB"\nbyte_low = "512KiB"\n'
+        '[destinations."/topic/news"]\nlive_msg_high = 10\nlive_msg_low = 2\n'
+    )
+    orders = config.destination("/queue/orders.eu")
+    assert orders is not None
+    assert orders.items() == [("msg_high", 100), ("msg_low", 50), ("send_timeout_ms", 0)]
+    other = config.destination("/queue/other")
+    assert other is not None and other.items() == [("byte_high", MiB), ("byte_low", 512 * KiB)]
+    assert config.destination("/topic/sport") is None
+    # What config show prints reads back as the same config.
+    assert config.replace("flow", send_timeout_ms=5).destinations == config.destinations
+
+
+def test_bad_destination_tables_are_refused_naming_the_table_and_setting() -> None:
+    cases = [
+        ({"/queue/x": {"msg_high": 10}}, 'destinations."/queue/x".msg_low', "set together"),
+        ({"orders": {}}, 'destinations."orders"', "starts with /queue/ or /topic/"),
+        ({"/queue/x": {"prefetch": 1}}, 'destinations."/queue/x".prefetch', "unknown setting"),
+        (
+            {"/queue/x": {"msg_high": 10, "msg_low": 20}},
+            'destinations."/queue/x".msg_low',
+            'below destinations."/queue/x".msg_high = 10',
+        ),
+        (
+            {"/queue/x": {"msg_high": 200000, "msg_low": 1}},
+            'destinations."/queue/x".msg_high',
+            "must not exceed queues.max_messages = 100000",
+        ),
+        ({"/queue/x": {"send_timeout_ms": -1}}, 'destinations."/queue/x".send_timeout_ms', ">= 0"),
+    ]
+    for tables, key, why in cases:
+        with pytest.raises(ConfigError) as info:
+            config_from_mapping({"destinations": tables})
+        assert info.value.key == key
+        assert why in str(info.value)
+
+
+def load_config_text(text: str) -> Config:
+    import tomllib
+
+    return config_from_mapping(tomllib.loads(text))

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import msgspec
 
 from mpbroker.config import TopicSettings
@@ -29,6 +31,8 @@ class TopicEngine(Engine):
         # The live buffer's watermarks, per topic, on its slowest subscriber's backlog:
         # a level exists only while a topic is near or over its high watermark.
         self.live_mark = Watermark(settings.live_msg_high, settings.live_msg_low)
+        # Per topic ([destinations] settings); asked when a topic's level is created.
+        self.live_mark_for: Callable[[str], Watermark] = lambda topic: self.live_mark
         self.live_levels: dict[str, Level] = {}
         self.flow_changes: list[FlowChange] = []
 
@@ -97,15 +101,13 @@ class TopicEngine(Engine):
     def _check_live(self, topic: str) -> None:
         """Stop the topic's publishers when its slowest subscriber is `live_msg_high`
         behind; let them go once it is back to `live_msg_low`."""
-        mark = self.live_mark
-        if not mark.enabled:
-            return
         level = self.live_levels.get(topic)
         if level is None and not self.topics.get(topic):
             return
         deepest = max((len(c.pending) for c in self.topics.get(topic, ())), default=0)
         if level is None:
-            if deepest < mark.high:
+            mark = self.live_mark_for(topic)
+            if not mark.enabled or deepest < mark.high:
                 return
             level = self.live_levels[topic] = Level(mark, "live_msg_high")
         change = level.update(deepest)

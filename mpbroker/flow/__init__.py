@@ -25,7 +25,14 @@ from ._gate import (
     FlowGate,
     Stop,
 )
-from ._limits import GLOBAL, FlowChange, FlowTracker, StoreLimits, store_limits
+from ._limits import (
+    GLOBAL,
+    FlowChange,
+    FlowTracker,
+    StoreLimits,
+    destination_limits,
+    store_limits,
+)
 from ._quota import NO_LIMIT, Quota, QuotaPolicy, QuotaSettings
 from ._rate import RateFlow, RateSettings
 from ._watermark import OFF, Level, Watermark
@@ -50,5 +57,6 @@ __all__ = [
     "Stop",
     "StoreLimits",
     "Watermark",
+    "destination_limits",
     "store_limits",
 ]

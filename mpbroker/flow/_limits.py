@@ -13,13 +13,21 @@ stopped is forgotten, so many short-lived destination names do not grow memory.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 
-from mpbroker.config import StoreFlowSettings
+from mpbroker.config import Config, StoreFlowSettings
 
 from ._watermark import Level, Watermark
 
-__all__ = ["GLOBAL", "FlowChange", "FlowTracker", "StoreLimits", "store_limits"]
+__all__ = [
+    "GLOBAL",
+    "FlowChange",
+    "FlowTracker",
+    "StoreLimits",
+    "destination_limits",
+    "store_limits",
+]
 
 # The destination name that stands for the global limits: they stop every destination of
 # the store at once. Real destination names start with "/queue/" or "/topic/".
@@ -79,8 +87,15 @@ def _reason(first: Level, second: Level) -> str:
 class FlowTracker:
     """Counts what each destination holds in a store and which watermarks are armed."""
 
-    def __init__(self, limits: StoreLimits) -> None:
+    def __init__(
+        self,
+        limits: StoreLimits,
+        destination_limits: Callable[[str], StoreLimits] | None = None,
+    ) -> None:
         self.limits = limits
+        # Per-destination watermarks from [destinations."<pattern>"] settings; the global
+        # ones always come from `limits`.
+        self.destination_limits = destination_limits
         self._entries: dict[str, _Entry] = {}
         self._total_messages = 0
         self._total_bytes = 0
@@ -101,7 +116,10 @@ class FlowTracker:
         _check(destination, messages, nbytes)
         entry = self._entries.get(destination)
         if entry is None:
-            entry = self._entries[destination] = _Entry(self.limits)
+            limits = (
+                self.destination_limits(destination) if self.destination_limits else self.limits
+            )
+            entry = self._entries[destination] = _Entry(limits)
         entry.messages += messages
         entry.nbytes += nbytes
         self._total_messages += messages
@@ -210,3 +228,29 @@ def store_limits(settings: StoreFlowSettings) -> StoreLimits:
         global_messages=Watermark(settings.global_msg_high, settings.global_msg_low),
         global_bytes=Watermark(settings.global_byte_high, settings.global_byte_low),
     )
+
+
+def destination_limits(config: Config, section: str) -> Callable[[str], StoreLimits]:
+    """Per destination: a store's limits with its [destinations."<pattern>"] overrides
+    (remembered per name: the patterns are matched once per destination)."""
+    base = store_limits(getattr(config, section))
+    cache: dict[str, StoreLimits] = {}
+
+    def limits_for(destination: str) -> StoreLimits:
+        limits = cache.get(destination)
+        if limits is None:
+            limits = base
+            table = config.destination(destination)
+            if table is not None:
+                if table.msg_high is not None and table.msg_low is not None:
+                    limits = replace(limits, messages=Watermark(table.msg_high, table.msg_low))
+                if table.byte_high is not None and table.byte_low is not None:
+                    limits = replace(limits, bytes=Watermark(table.byte_high, table.byte_low))
+            if len(cache) < _CACHE_MAX:
+                cache[destination] = limits
+        return limits
+
+    return limits_for
+
+
+_CACHE_MAX = 100_000

@@ -11,16 +11,20 @@ import logging
 import os
 import signal
 import time
+from collections.abc import Callable
 from types import FrameType
 
 from mpbroker import records
 from mpbroker.clock import epoch_ms
+from mpbroker.config import Config
 from mpbroker.engine import Engine, Outbox, QueueEngine, TopicEngine
 from mpbroker.flow import (
     STORE_LIVE,
     STORE_PERSISTENT_QUEUES,
     STORE_VOLATILE_QUEUES,
     FlowTracker,
+    Watermark,
+    destination_limits,
     store_limits,
 )
 from mpbroker.records import (
@@ -52,6 +56,19 @@ _HOLD_TIMEOUT_S = 3.0
 
 COUNTER_RECEIVED = 0
 COUNTER_DELIVERED = 1
+
+
+def _live_marks(config: Config) -> Callable[[str], Watermark]:
+    """A topic's live-buffer watermarks: its [destinations] table's, or topics.live_*."""
+    default = Watermark(config.topics.live_msg_high, config.topics.live_msg_low)
+
+    def mark_for(topic: str) -> Watermark:
+        table = config.destination(topic)
+        if table is None or table.live_msg_high is None or table.live_msg_low is None:
+            return default
+        return Watermark(table.live_msg_high, table.live_msg_low)
+
+    return mark_for
 
 
 class _Stop(Exception):
@@ -106,8 +123,14 @@ class Pipeline:
         self.topic_engine: TopicEngine | None = None
         if spec.role == "p2p":
             engine = QueueEngine(config.queues, spec.index, self.outbox)
-            engine.flow_volatile = FlowTracker(store_limits(config.vol_queue_store))
-            engine.flow_persistent = FlowTracker(store_limits(config.pers_queue_store))
+            engine.flow_volatile = FlowTracker(
+                store_limits(config.vol_queue_store),
+                destination_limits(config, STORE_VOLATILE_QUEUES),
+            )
+            engine.flow_persistent = FlowTracker(
+                store_limits(config.pers_queue_store),
+                destination_limits(config, STORE_PERSISTENT_QUEUES),
+            )
             self.flow_trackers = [
                 (STORE_VOLATILE_QUEUES, engine.flow_volatile),
                 (STORE_PERSISTENT_QUEUES, engine.flow_persistent),
@@ -117,6 +140,7 @@ class Pipeline:
             self.engine = self.queue_engine = engine
         else:
             topics = TopicEngine(config.topics, spec.index, self.outbox)
+            topics.live_mark_for = _live_marks(config)
             queues = QueueEngine(config.queues, spec.index, self.outbox)
             topic_store = TopicStore(
                 store_directory(config, "pubsub", spec.index),

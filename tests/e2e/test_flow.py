@@ -197,3 +197,24 @@ def test_a_slow_topic_subscriber_stops_its_topics_publishers_while_others_flow(
     finally:
         producer.finish()
     assert not producer.error
+
+
+def test_destination_patterns_set_their_own_limits_and_send_timeout(
+    start_broker: type[BrokerProcess], raw: RawFactory
+) -> None:
+    config = (
+        '[destinations."/queue/small.*"]\nmsg_high = 2\nmsg_low = 1\nsend_timeout_ms = 0\n'
+        "[flow]\nsend_timeout_ms = 60000\n"
+    )
+    broker = start_broker("--gateways", "1", config=config)
+    client = raw(broker)
+    client.connect()
+    for n in range(5):  # the default limits: plenty of room
+        client.send("SEND", {"destination": "/queue/big", "receipt": f"b{n}"}, b"x")
+        assert client.recv().command == "RECEIPT"
+    for n in range(2):
+        client.send("SEND", {"destination": "/queue/small.one", "receipt": f"s{n}"}, b"x")
+        assert client.recv().command == "RECEIPT"
+    client.send("SEND", {"destination": "/queue/small.one", "receipt": "s2"}, b"x")
+    frames = client.recv_until_closed()  # refused at once: the table's send_timeout_ms 0
+    assert frames[0].headers["message"] == "ResourceAllocation: /queue/small.one msg_high 2 reached"

@@ -204,3 +204,18 @@ def test_tracker_matches_a_model(
         # No entry survives for a destination that holds nothing and is not stopped.
         live = [k for k in DESTINATIONS if counts[k] != [0, 0] or any(armed[k])]
         assert t.tracked == len(live)
+
+
+def test_destination_tables_give_matching_destinations_their_own_watermarks() -> None:
+    from mpbroker.config import config_from_mapping
+    from mpbroker.flow import destination_limits, store_limits
+
+    config = config_from_mapping({"destinations": {"/queue/tiny.*": {"msg_high": 2, "msg_low": 0}}})
+    tracker = FlowTracker(
+        store_limits(config.vol_queue_store), destination_limits(config, "vol_queue_store")
+    )
+    tracker.add("/queue/tiny.a", 2, 10)
+    tracker.add("/queue/normal", 2, 10)
+    assert tracker.changes() == [FlowChange("/queue/tiny.a", "msg_high 2")]
+    tracker.remove("/queue/tiny.a", 2, 10)
+    assert tracker.changes() == [FlowChange("/queue/tiny.a", "")]
