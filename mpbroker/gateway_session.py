@@ -8,16 +8,23 @@ table (STOMP ids <-> gateway handles), open transactions, and receipts that need
 pipelines to answer (DISCONNECT, COMMIT).
 
 No sockets, no clocks: times come in as arguments.
+
+Compression (`[compression]`): a SEND body over `threshold_bytes` becomes a compressed
+Message (`encoding` names the codec) here, before anything else sees it, so rings, stores,
+transactions and limits all handle the compressed bytes; `deliver` decompresses once per
+delivered message, so the consumer receives the original body.
 """
 
 from __future__ import annotations
 
 import itertools
+import logging
 import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import ClassVar
 
+from mpbroker.compression import CorruptBody, compress, decompress
 from mpbroker.config import Config
 from mpbroker.records import (
     ACK_AUTO,
@@ -50,6 +57,8 @@ from mpbroker.stomp import ProtocolError as CodecProtocolError
 __all__ = ["GatewaySession", "SessionError", "SessionState", "TransactionBudget"]
 
 BROKER_NAME = "mpbroker"
+
+log = logging.getLogger("mpbroker.gateway")
 
 _LINE_BREAKS = re.compile(r"[\r\n]")
 
@@ -114,7 +123,10 @@ _MESSAGE_LINE = b"MESSAGE\n"
 
 def _message_tail(message: Message, version: str) -> memoryview:
     """A MESSAGE frame for `message` without its command line: the broker's headers, the
-    sender's headers, the body. Prefixed per subscriber (see GatewaySession.deliver)."""
+    sender's headers, the original body (decompressed: content-length is the original's).
+    Prefixed per subscriber (see GatewaySession.deliver). CorruptBody when the body does
+    not decompress."""
+    body = decompress(message.body, message.encoding)
     headers = {"message-id": message.message_id, "destination": message.destination}
     if message.redelivered:
         headers["redelivered"] = "true"
@@ -123,7 +135,7 @@ def _message_tail(message: Message, version: str) -> memoryview:
     for key, value in message.headers.items():
         if key not in headers:
             headers[key] = value
-    frame = Frame("MESSAGE", headers, message.body)
+    frame = Frame("MESSAGE", headers, body)
     try:
         data = encode_frame(frame, version)
     except ValueError:
@@ -257,15 +269,23 @@ class GatewaySession:
         if not expires:
             ttl = self._int_header(frame, "ttl", 0, minimum=0)
             expires = now_ms + ttl if ttl else 0
+        body = frame.body
+        encoding = ""
+        compression = self.config.compression
+        if 0 <= compression.threshold_bytes < len(body):
+            # From here on the message is its compressed self (original kept when that
+            # is not smaller): transactions, rings, stores and limits count stored bytes.
+            body, encoding = compress(body, compression.codec)
         message = Message(
             next(self.message_ids),
             destination,
             user_headers,
-            frame.body,
+            body,
             now_ms,
             persistent=headers.get("persistent") == "true",
             priority=priority,
             expires_ms=expires,
+            encoding=encoding,
         )
         tx = self._transaction_of(frame)
         if tx is None:
@@ -483,7 +503,15 @@ class GatewaySession:
 
         Everything but the `subscription` and `ack` lines is the same for every subscriber
         of a topic: it is encoded once per protocol version into `shared` (one dict per
-        delivered message) and reused, so a fan-out does not re-encode the body each time.
+        delivered message) and reused, so a fan-out does not re-encode (or decompress) the
+        body each time.
+
+        A compressed body that does not decompress (a damaged store) is logged once per
+        protocol version in `shared` (once per fan-out unless its subscribers speak several
+        versions) and answered with an ERROR that closes this connection (True is returned:
+        the ERROR is to be written). The delivery is not counted as written, so the message
+        goes back like any unacknowledged one (a queue's or durable subscription's comes
+        back redelivered; a queue dead-letters it after `queues.max_redeliveries`).
         """
         sub = self.subs.get(sub_handle)
         if sub is None or self.closing:
@@ -492,7 +520,26 @@ class GatewaySession:
             shared = {}
         tail = shared.get(self.version)
         if tail is None:
-            tail = shared[self.version] = _message_tail(message, self.version)
+            try:
+                tail = _message_tail(message, self.version)
+            except CorruptBody as exc:
+                log.error(
+                    "message %s to %s cannot be delivered: %s",
+                    message.message_id,
+                    message.destination,
+                    exc,
+                )
+                # An empty tail marks the failure for the rest of the fan-out (a real
+                # one always holds headers).
+                tail = memoryview(b"")
+            shared[self.version] = tail
+        if not tail:
+            self.fail(
+                f"message {message.message_id} cannot be delivered: its stored body is damaged",
+                f"The {message.encoding} body of message {message.message_id} from "
+                f"{message.destination} does not decompress; it was not delivered.",
+            )
+            return True
         out = self.out
         out.append(sub.message_prefix)
         if sub.ack_mode == ACK_AUTO:

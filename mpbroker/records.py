@@ -76,10 +76,14 @@ class Message(msgspec.Struct, array_like=True, gc=False):
     # A stored message waiting in a queue with only its index entry in memory (headers and
     # body left in the store; see QueueEngine.cache_entries).
     paged: bool = False
+    # The codec `body` is compressed with ("zstd", "zlib"; see mpbroker.compression), or ""
+    # for a body kept as sent. Last: an array-like record written before it still decodes.
+    encoding: str = ""
 
 
 def message_size(message: Message) -> int:
-    """Bytes a message is charged for in limits: body plus header text."""
+    """Bytes a message is charged for in limits: body plus header text. A compressed body
+    counts as stored (compressed): limits and quotas count the bytes the broker keeps."""
     headers = message.headers
     return len(message.body) + sum(map(len, headers)) + sum(map(len, headers.values()))
 

@@ -56,6 +56,7 @@ EVERY_RECORD: list[Record] = [
     Hello(2, 5),
     Send(1 << 40, MESSAGE, "receipt-1"),
     Send(3, Message("m", "/topic/t", {}, b"", 0)),
+    Send(3, Message("m", "/topic/t", {}, b"(\xb5/\xfd\x00", 0, encoding="zstd")),
     Subscribe(4, 1, "sub-0", "/topic/t", ACK_INDIVIDUAL, 1000, "r"),
     Unsubscribe(4, 1, "r"),
     Ack(4, 1, "ID-1", "r"),
@@ -122,6 +123,17 @@ def test_message_defaults() -> None:
         0,
         False,
     )
+
+
+def test_a_message_written_before_encoding_existed_still_decodes() -> None:
+    # An array-like record: an older writer's Message is the same array without the last
+    # field (a ring record or a replay batch from a worker not yet upgraded).
+    fields = msgspec.msgpack.decode(msgspec.msgpack.encode(MESSAGE))
+    assert fields[-1] == "" and len(fields) == len(Message.__struct_fields__)
+    old = msgspec.msgpack.encode(fields[:-1])
+    decoded = msgspec.msgpack.decode(old, type=Message)
+    assert decoded == MESSAGE
+    assert decoded.encoding == ""
 
 
 def test_ack_modes_match_the_stomp_names() -> None:

@@ -106,9 +106,18 @@ def _m0001_segment_tables(db: sqlite_utils.Database) -> None:
     db.table("deliveries").create({"seq": int, "count": int}, pk="seq", not_null={"count"})
 
 
+def _m0002_message_encoding(db: sqlite_utils.Database) -> None:
+    # The codec a compressed body is stored with (mpbroker.records.Message.encoding); ''
+    # for a body stored as sent, which every message written before this migration is.
+    db.execute("ALTER TABLE messages ADD COLUMN encoding TEXT NOT NULL DEFAULT ''")
+
+
 Migration = tuple[str, Callable[[sqlite_utils.Database], None]]
 
-MIGRATIONS: Final[tuple[Migration, ...]] = (("0001_segment_tables", _m0001_segment_tables),)
+MIGRATIONS: Final[tuple[Migration, ...]] = (
+    ("0001_segment_tables", _m0001_segment_tables),
+    ("0002_message_encoding", _m0002_message_encoding),
+)
 _KNOWN: Final = frozenset(name for name, _ in MIGRATIONS)
 
 

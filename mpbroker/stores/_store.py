@@ -75,15 +75,16 @@ _decode_headers = msgspec.msgpack.Decoder(dict[str, str]).decode
 
 _INSERT_MESSAGE: Final = (
     "INSERT INTO messages (seq, message_id, destination, headers, body, timestamp_ms,"
-    " priority, expires_ms, size) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)"
+    " priority, expires_ms, size, encoding) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
 )
 _SELECT_MESSAGE: Final = (
     "SELECT seq, message_id, destination, headers, body, timestamp_ms, priority, expires_ms,"
-    " size FROM messages"
+    " size, encoding FROM messages"
 )
 # Everything but headers and body: the index entry of a paged message (see live(full=)).
 _SELECT_INDEX: Final = (
-    "SELECT seq, message_id, destination, timestamp_ms, priority, expires_ms, size FROM messages"
+    "SELECT seq, message_id, destination, timestamp_ms, priority, expires_ms, size, encoding"
+    " FROM messages"
 )
 _INSERT_SETTLEMENT: Final = (
     "INSERT OR IGNORE INTO settlements (seq, outcome, at_ms) VALUES (?, ?, ?)"
@@ -94,8 +95,8 @@ _UPSERT_DELIVERY: Final = (
 )
 
 
-MessageRow = tuple[int, str, str, bytes, bytes, int, int, int, int]
-IndexRow = tuple[int, str, str, int, int, int, int]
+MessageRow = tuple[int, str, str, bytes, bytes, int, int, int, int, str]
+IndexRow = tuple[int, str, str, int, int, int, int, str]
 _Row = TypeVar("_Row", MessageRow, IndexRow)
 
 
@@ -301,6 +302,7 @@ class MessageStore:
                     m.priority,
                     m.expires_ms,
                     size,
+                    m.encoding,
                 )
             )
         conn = seg.conn
@@ -566,7 +568,18 @@ class MessageStore:
         return found
 
     def _stored(self, row: MessageRow) -> StoredMessage:
-        seq, message_id, destination, headers, body, timestamp_ms, priority, expires_ms, size = row
+        (
+            seq,
+            message_id,
+            destination,
+            headers,
+            body,
+            timestamp_ms,
+            priority,
+            expires_ms,
+            size,
+            encoding,
+        ) = row
         deliveries = self._deliveries.get(seq, 0)
         message = Message(
             message_id=message_id,
@@ -581,11 +594,12 @@ class MessageStore:
             size=size,
             seq=seq,
             deliveries=deliveries,
+            encoding=encoding,
         )
         return StoredMessage(seq, message, deliveries)
 
     def _paged(self, row: IndexRow) -> StoredMessage:
-        seq, message_id, destination, timestamp_ms, priority, expires_ms, size = row
+        seq, message_id, destination, timestamp_ms, priority, expires_ms, size, encoding = row
         deliveries = self._deliveries.get(seq, 0)
         message = Message(
             message_id=message_id,
@@ -601,6 +615,7 @@ class MessageStore:
             seq=seq,
             deliveries=deliveries,
             paged=True,
+            encoding=encoding,
         )
         return StoredMessage(seq, message, deliveries)
 

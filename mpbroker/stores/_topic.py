@@ -478,7 +478,7 @@ _decode_headers = msgspec.msgpack.Decoder(dict[str, str]).decode
 
 _SELECT_FULL: Final = (
     "SELECT seq, message_id, destination, headers, body, timestamp_ms, priority, expires_ms,"
-    " size FROM messages WHERE seq IN "
+    " size, encoding FROM messages WHERE seq IN "
 )
 _SELECT_LIGHT: Final = "SELECT seq, expires_ms, size FROM messages WHERE seq IN "
 # One priority's rows of a backlog after its cursor, off the (sub, priority, seq) index.
@@ -767,9 +767,18 @@ class TopicStoreReader:
             row = full.get(seq)
             if row is None:
                 continue  # its segment was retired between the two reads: settled meanwhile
-            _, message_id, destination, headers, body, timestamp_ms, priority, expires_ms, size = (
-                row
-            )
+            (
+                _,
+                message_id,
+                destination,
+                headers,
+                body,
+                timestamp_ms,
+                priority,
+                expires_ms,
+                size,
+                encoding,
+            ) = row
             deliveries = pending_deliveries + (1 if seq < redeliver_below else 0)
             messages.append(
                 Message(
@@ -785,6 +794,7 @@ class TopicStoreReader:
                     size=size,
                     seq=seq,
                     deliveries=deliveries,
+                    encoding=encoding,
                 )
             )
         return messages

@@ -5,10 +5,19 @@ from __future__ import annotations
 import sqlite3
 from pathlib import Path
 
+import msgspec
 import pytest
 
+from mpbroker.compression import compress
 from mpbroker.config import StoreSettings
 from mpbroker.stores import MIGRATIONS, MessageStore, StoreError
+from mpbroker.stores._segment import (
+    apply_migrations,
+    configure_database,
+    connect_database,
+    segment_name,
+)
+from mpbroker.stores._store import MARKER_NAME, MARKER_TEXT
 
 from .helpers import msg
 
@@ -103,3 +112,62 @@ def test_half_created_segment_is_removed(tmp_path: Path) -> None:
         assert [s.index for s in store.segments()] == [1]
         assert [m.seq for m in store.live()] == [1]
     assert not (tmp_path / "seg-00000002.db.tmp").exists()
+
+
+def _segment_before_0002(directory: Path, index: int, *, sealed: bool) -> Path:
+    """A segment as the release before migration 0002 wrote it: no `encoding` column,
+    holding messages seq `index * 10 + 1` and `+ 2`."""
+    directory.mkdir(exist_ok=True)
+    (directory / MARKER_NAME).write_text(MARKER_TEXT)
+    path = directory / segment_name(index)
+    db = connect_database(path)
+    try:
+        configure_database(db, path, "normal")
+        db.execute("CREATE TABLE _migrations (name TEXT PRIMARY KEY, applied_ms INTEGER)")
+        apply_migrations(db, path, 1, MIGRATIONS[:1])
+        base = index * 10 + 1
+        db.conn.executemany(
+            "INSERT INTO meta (key, value) VALUES (?, ?)",
+            [
+                ("format", "mpbroker-segment"),
+                ("segment_index", index),
+                ("base_seq", base),
+                ("created_ms", 1),
+                ("sealed", int(sealed)),
+            ],
+        )
+        db.conn.executemany(
+            "INSERT INTO messages (seq, message_id, destination, headers, body, timestamp_ms,"
+            " priority, expires_ms, size) VALUES (?, ?, '/queue/a', ?, ?, 1, 4, 0, 3)",
+            [(seq, f"old{seq}", msgspec.msgpack.encode({}), b"old") for seq in (base, base + 1)],
+        )
+        assert "encoding" not in db["messages"].columns_dict
+    finally:
+        db.conn.close()
+    return path
+
+
+def test_segments_written_before_the_encoding_column_migrate_on_open(tmp_path: Path) -> None:
+    sealed = _segment_before_0002(tmp_path, 1, sealed=True)
+    active = _segment_before_0002(tmp_path, 2, sealed=False)
+    packed, encoding = compress(b"new body " * 200, "zstd")
+    settings = StoreSettings(segment_max_age_s=0)  # created_ms 1 would roll it at once
+    with MessageStore.open(tmp_path, settings) as store:
+        old = store.live()
+        assert [(m.seq, m.message.message_id, m.message.body) for m in old] == [
+            (11, "old11", b"old"),
+            (12, "old12", b"old"),
+            (21, "old21", b"old"),
+            (22, "old22", b"old"),
+        ]
+        assert {m.message.encoding for m in old} == {""}
+        assert store.read(12).message.encoding == ""
+        [seq] = store.append([msgspec.structs.replace(msg(5, body=packed), encoding=encoding)])
+        assert seq == 23
+        assert store.segments()[-1].path == active  # still the active segment
+    for path in (sealed, active):
+        assert _applied(path) == ["0001_segment_tables", "0002_message_encoding"]
+    with MessageStore.open(tmp_path, settings) as store:
+        assert store.read(23).message.body == packed
+        assert store.read(23).message.encoding == "zstd"
+        assert [m.message.encoding for m in store.live()] == ["", "", "", "", "zstd"]

@@ -10,6 +10,7 @@ from typing import Any
 import msgspec
 import pytest
 
+from mpbroker.compression import compress
 from mpbroker.config import StoreSettings
 from mpbroker.records import message_size
 from mpbroker.stores import MessageStore, StoreError
@@ -365,3 +366,24 @@ def test_live_full_pages_all_but_the_first_n(tmp_path: Path) -> None:
         assert store.live(full=100) == whole
         with pytest.raises(ValueError, match="full"):
             store.live(full=-1)
+
+
+def test_encoding_round_trips_through_every_read_path(tmp_path: Path) -> None:
+    packed, encoding = compress(b'{"order": 1, "status": "shipped"}\n' * 100, "zstd")
+    compressed = msgspec.structs.replace(msg(1, body=packed), encoding=encoding)
+    with open_store(tmp_path) as store:
+        store.append([compressed, msg(2), compressed])
+        assert store.statistics().live_bytes == 2 * message_size(compressed) + message_size(msg(2))
+    with open_store(tmp_path) as store:
+        whole = store.live()
+        assert [(m.message.encoding, m.message.body) for m in whole] == [
+            ("zstd", packed),
+            ("", b"body 2"),
+            ("zstd", packed),
+        ]
+        assert whole[0].message.size == message_size(compressed)  # stored bytes
+        assert store.read(3).message.encoding == "zstd"
+        assert store.read(2).message.encoding == ""
+        # Paged index entries keep it too (what the queue engine's own paging keeps).
+        assert [m.message.encoding for m in store.live(full=1)] == ["zstd", "", "zstd"]
+        assert store.live(full=3) == whole

@@ -9,11 +9,13 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
 import sqlite_utils
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from mpbroker.compression import compress
 from mpbroker.config import StoreSettings
 from mpbroker.records import Message, message_size
 from mpbroker.stores import (
@@ -788,3 +790,18 @@ def test_live_messages_are_exactly_those_someone_owes(
             assert [m.seq for m in batch(reader, name).messages] == expected
             seen, _ = read_all(reader, name, max_messages=2)
             assert [seq for seqs in seen for seq in seqs] == expected
+
+
+def test_reader_returns_the_encoding_of_compressed_bodies(
+    store: TopicStore, tmp_path: Path
+) -> None:
+    packed, encoding = compress(b'{"price": 1.25, "symbol": "ACME"}\n' * 60, "zlib")
+    compressed = msgspec.structs.replace(tmsg(1, body=packed), encoding=encoding)
+    seqs = store.append([(compressed, ["a"]), (tmsg(2), ["a"])])
+    with open_reader(tmp_path) as reader:
+        got = batch(reader, "a")
+    assert [(m.seq, m.encoding, m.body) for m in got.messages] == [
+        (seqs[0], "zlib", packed),
+        (seqs[1], "", b"body 2"),
+    ]
+    assert got.messages[0].size == message_size(compressed)
