@@ -37,6 +37,7 @@ class ServerError(RuntimeError):
 
 def broker_command(data_dir: str, gateways: int | None) -> list[str]:
     command = [sys.executable, "-m", "mpbroker", "serve", "--port", "0", "--data-dir", data_dir]
+    command += ["--admin-port", "-1"]  # a bench needs no admin API (nor its port)
     if gateways is not None:
         command += ["--gateways", str(gateways)]
     return command

@@ -22,6 +22,9 @@ def _apply_overrides(config: Config, args: argparse.Namespace) -> Config:
             changes[name] = value
     if changes:
         config = config.replace("broker", **changes)
+    admin_port = getattr(args, "admin_port", None)
+    if admin_port is not None:
+        config = config.replace("admin", port=admin_port)
     return config
 
 
@@ -59,7 +62,52 @@ def cmd_config_show(args: argparse.Namespace) -> int:
     for table in config.destinations:
         print(f"\n[destinations.{json.dumps(table.pattern)}]")
         for name, value in table.items():
-            print(f"{name} = {value}  # overrides the default for matching destinations")
+            shown = json.dumps(value) if isinstance(value, str) else value
+            print(f"{name} = {shown}  # overrides the default for matching destinations")
+    return 0
+
+
+def _admin_get(args: argparse.Namespace, path: str) -> dict[str, Any] | None:
+    import urllib.error
+    import urllib.request
+
+    url = f"http://{args.host}:{args.port}{path}"
+    try:
+        with urllib.request.urlopen(url, timeout=10) as response:
+            data: dict[str, Any] = json.load(response)
+            return data
+    except (urllib.error.URLError, OSError) as exc:
+        reason = getattr(exc, "reason", exc)
+        print(f"mpbroker: cannot reach the admin API at {url}: {reason}", file=sys.stderr)
+        return None
+
+
+def cmd_admin_status(args: argparse.Namespace) -> int:
+    """Workers, their state and what each holds.
+
+    Example: mpbroker admin status --port 8161
+    """
+    from mpbroker.admin_view import render_status
+
+    data = _admin_get(args, "/status")
+    if data is None:
+        return 1
+    print(json.dumps(data, indent=2) if args.json else render_status(data))
+    return 0
+
+
+def cmd_admin_flow(args: argparse.Namespace) -> int:
+    """Flow control now: every destination's counts and watermarks, the stopped producers
+    and how long they have waited, every consumer's window and whether it is ready.
+
+    Example: mpbroker admin flow --port 8161
+    """
+    from mpbroker.admin_view import render_flow
+
+    data = _admin_get(args, "/flow")
+    if data is None:
+        return 1
+    print(json.dumps(data, indent=2) if args.json else render_flow(data))
     return 0
 
 
@@ -82,6 +130,13 @@ def _add_broker_options(parser: argparse.ArgumentParser) -> None:
         "--gateways", type=int, metavar="N", help="gateway processes (0 = one per CPU)"
     )
     parser.add_argument("--log-level", dest="log_level", choices=LOG_LEVELS, help="log level")
+    parser.add_argument(
+        "--admin-port",
+        dest="admin_port",
+        type=int,
+        metavar="P",
+        help="admin API port (default 8161; 0 = any free port, -1 = off)",
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -115,6 +170,19 @@ def build_parser() -> argparse.ArgumentParser:
     config_commands = config.add_subparsers(dest="config_command", metavar="COMMAND")
     config_commands.required = True
     _add_broker_options(add("show", cmd_config_show, config_commands))
+
+    admin = commands.add_parser(
+        "admin",
+        help="ask a running broker how it is doing",
+        description="Ask a running broker's admin API (HTTP JSON on loopback).",
+    )
+    admin_commands = admin.add_subparsers(dest="admin_command", metavar="COMMAND")
+    admin_commands.required = True
+    for name, func in (("status", cmd_admin_status), ("flow", cmd_admin_flow)):
+        admin_parser = add(name, func, admin_commands)
+        admin_parser.add_argument("--host", default="127.0.0.1", help="admin API address")
+        admin_parser.add_argument("--port", type=int, default=8161, help="admin API port")
+        admin_parser.add_argument("--json", action="store_true", help="print the raw JSON")
 
     from bench.cli import add_arguments
 

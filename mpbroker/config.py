@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any, Final
 
 __all__ = [
+    "AdminSettings",
     "BrokerSettings",
     "CompressionSettings",
     "Config",
@@ -180,6 +181,20 @@ class QueueSettings:
     expiry_scan_interval_s: float = _setting(
         30.0, "how often queues are scanned for expired messages (0 = only on read)", min=0.0
     )
+    # WebLogic's expiration policies.
+    expiry_policy: str = _setting(
+        "discard",
+        "what happens to an expired message: discard, log (one line each), or redirect "
+        "(to expiry_destination)",
+        choices=("discard", "log", "redirect"),
+    )
+    expiry_log_fields: str = _setting(
+        "%header%,%properties%",
+        "what the log policy writes: %header%, %properties%, or field and property names",
+    )
+    expiry_destination: str = _setting(
+        "", "where the redirect policy moves expired messages ('' = the queue's dead-letter queue)"
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -296,6 +311,21 @@ class FlowSettings:
 
 
 @dataclass(frozen=True, slots=True)
+class AdminSettings:
+    """The admin API: HTTP JSON on a loopback port, served by the supervisor."""
+
+    host: str = _setting("127.0.0.1", "address of the admin API (keep it on loopback)")
+    # ActiveMQ's web console port.
+    port: int = _setting(8161, "admin API port; 0 picks a free one, -1 switches it off", min=-1)
+    stats_interval_ms: int = _setting(
+        500, "how often every worker publishes its state for the admin API", min=10
+    )
+    stats_bytes: int = _setting(
+        256 * KiB, "room for one worker's published state (the rest is cut)", min=4096
+    )
+
+
+@dataclass(frozen=True, slots=True)
 class CompressionSettings:
     """WebLogic's message compression: large bodies are stored and passed on compressed;
     consumers receive the original bytes."""
@@ -340,6 +370,9 @@ DESTINATION_KEYS: Final = {
     "live_msg_high": "topics",
     "live_msg_low": "topics",
     "send_timeout_ms": "flow",
+    "expiry_policy": "queues",
+    "expiry_log_fields": "queues",
+    "expiry_destination": "queues",
 }
 
 
@@ -356,11 +389,14 @@ class DestinationSettings:
     live_msg_high: int | None = None  # topics: the slowest subscriber's backlog
     live_msg_low: int | None = None
     send_timeout_ms: int | None = None
+    expiry_policy: str | None = None  # queues
+    expiry_log_fields: str | None = None
+    expiry_destination: str | None = None
 
     def matches(self, destination: str) -> bool:
         return fnmatch.fnmatchcase(destination, self.pattern)
 
-    def items(self) -> list[tuple[str, int]]:
+    def items(self) -> list[tuple[str, int | str]]:
         """The settings this table sets, in declaration order."""
         return [(k, v) for k in DESTINATION_KEYS if (v := getattr(self, k)) is not None]
 
@@ -376,6 +412,7 @@ class Config:
     store: StoreSettings = field(default_factory=StoreSettings)
     replay: ReplaySettings = field(default_factory=ReplaySettings)
     flow: FlowSettings = field(default_factory=FlowSettings)
+    admin: AdminSettings = field(default_factory=AdminSettings)
     compression: CompressionSettings = field(default_factory=CompressionSettings)
     # The seed's VolQueueStore: 16 MB high, 15 MB low; per queue, stop before the
     # hard queues.max_messages refusal.
@@ -519,7 +556,7 @@ def _destination_tables(data: object) -> tuple[DestinationSettings, ...]:
             raise ConfigError(where, pattern, "a pattern starts with /queue/ or /topic/")
         if not isinstance(table, Mapping):
             raise ConfigError(where, table, "must be a table of settings")
-        values: dict[str, int] = {}
+        values: dict[str, Any] = {}
         for key, raw in table.items():
             section = DESTINATION_KEYS.get(key)
             if section is None:
@@ -581,12 +618,35 @@ def _check_consistency(config: Config) -> None:
             f"must be at most half of rings.capacity_bytes = {cap} (a batch is one ring record)",
         )
     _check_flow(config)
+    _check_expiry(config)
     if config.stomp.max_header_bytes > config.stomp.max_frame_bytes:
         raise ConfigError(
             "stomp.max_header_bytes",
             config.stomp.max_header_bytes,
             f"must not exceed stomp.max_frame_bytes = {config.stomp.max_frame_bytes}",
         )
+
+
+def _check_expiry(config: Config) -> None:
+    from mpbroker.flow import parse_log_fields
+
+    tables: list[tuple[str, str | None, str | None]] = [
+        ("queues", config.queues.expiry_log_fields, config.queues.expiry_destination)
+    ]
+    tables += [
+        (f'destinations."{t.pattern}"', t.expiry_log_fields, t.expiry_destination)
+        for t in config.destinations
+    ]
+    for where, fields, target in tables:
+        if fields is not None:
+            try:
+                parse_log_fields(fields)
+            except ValueError as exc:
+                raise ConfigError(f"{where}.expiry_log_fields", fields, str(exc)) from None
+        if target and not target.startswith("/queue/"):
+            raise ConfigError(
+                f"{where}.expiry_destination", target, "must be a queue: /queue/NAME (or '')"
+            )
 
 
 def _check_watermark(high_key: str, high: int, low_key: str, low: int) -> None:

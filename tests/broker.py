@@ -33,6 +33,8 @@ class BrokerProcess:
             "serve",
             "--port",
             "0",
+            "--admin-port",
+            "0",
             "--data-dir",
             str(data_dir),
         ]
@@ -60,6 +62,8 @@ class BrokerProcess:
             raise
         self.host = match.group(1)
         self.port = int(match.group(2))
+        admin = re.search(r"admin API on http://(\S+):(\d+)", self.log_text())
+        self.admin_port = int(admin.group(2)) if admin else 0
 
     def _drain(self) -> None:
         assert self.proc.stderr is not None

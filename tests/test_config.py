@@ -64,6 +64,7 @@ def test_every_setting_is_documented_and_listed_in_declaration_order() -> None:
         "store",
         "replay",
         "flow",
+        "admin",
         "compression",
         "vol_queue_store",
         "pers_queue_store",

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 import msgspec
 
 from mpbroker.config import QueueSettings
-from mpbroker.flow import FlowTracker
+from mpbroker.flow import DISCARD, ExpiryPolicy, FlowTracker, expired_log_line
 from mpbroker.records import (
     ACK_AUTO,
     Deliver,
@@ -66,7 +66,11 @@ class QueueEngine(Engine):
         self.expired_refs: list[StoredRef] = []
         # Persistent dead letters, as (original's seq, copy for the dead-letter queue):
         # the worker stores the copy, settles the original, then `enqueue_dead_letters`.
-        self.dead_letters: list[tuple[int, Message]] = []
+        self.dead_letters: list[tuple[int, Message, str]] = []  # (seq, copy, outcome)
+        # Expiry policies per queue (discard unless the worker says otherwise), and the
+        # lines the log policy wrote since the worker last took them.
+        self.expiry_for: Callable[[str], ExpiryPolicy] = lambda queue: DISCARD
+        self.expiry_log: list[str] = []
         # The worker's clock, set before each batch (the engine reads no clock itself).
         self.now_ms = 0
         self.expired = 0
@@ -241,9 +245,11 @@ class QueueEngine(Engine):
             self.cached += sum(1 for m in back if m.seq)
         queue.pending.extendleft(back)
 
+    def _dead_letter_queue(self, queue: str) -> str:
+        return f"/queue/{self.settings.dead_letter_prefix}{queue[len('/queue/') :]}"
+
     def _dead_letter(self, queue: _Queue, message: Message, limit: int) -> None:
-        name = queue.name[len("/queue/") :]
-        dead_letter_queue = f"/queue/{self.settings.dead_letter_prefix}{name}"
+        dead_letter_queue = self._dead_letter_queue(queue.name)
         headers = {
             **message.headers,
             "original-destination": queue.name,
@@ -258,13 +264,18 @@ class QueueEngine(Engine):
             deliveries=0,
             redelivered=False,
         )
+        self._move(queue, message, copy, "dead-lettered")
+
+    def _move(self, queue: _Queue, message: Message, copy: Message, outcome: str) -> None:
+        """`message` leaves its queue for another (`copy`): a stored one through the store
+        (copy stored, then the original settled with `outcome`), others at once."""
         # The original leaves its queue: accounted like a settled message.
         queue.held_messages -= 1
         if not message.persistent:
             self.held_bytes -= message.size
         self._flow_left(queue, [message])
         if message.seq:
-            self.dead_letters.append((message.seq, copy))
+            self.dead_letters.append((message.seq, copy, outcome))
         else:
             self.enqueue_dead_letters([copy])
 
@@ -330,12 +341,43 @@ class QueueEngine(Engine):
         for queue in list(self.queues.values()):
             doomed = {m.message_id for m in queue.pending if 0 < m.expires_ms <= now_ms}
             if doomed:
-                removed = [self._taken_index(m) for m in queue.pending.remove_where(doomed)]
-                self._forget(queue, removed, expired=True)
-                self.expired += len(removed)
+                removed = list(queue.pending.remove_where(doomed))
+                self._expire(queue, removed)
                 total += len(removed)
                 self._drop_if_idle(queue)
         return total
+
+    def _expire(self, queue: _Queue, messages: list[Message]) -> None:
+        """Expired messages (just out of `pending`) meet their queue's expiry policy."""
+        self.expired += len(messages)
+        policy = self.expiry_for(queue.name)
+        target = policy.destination or self._dead_letter_queue(queue.name)
+        if policy.policy == "discard" or (policy.policy == "redirect" and target == queue.name):
+            self._forget(queue, [self._taken_index(m) for m in messages], expired=True)
+            return
+        # Logging or moving them needs the whole message, read back if paged.
+        whole = [self._taken(m) for m in messages]
+        if policy.policy == "log":
+            self.expiry_log.extend(expired_log_line(m, policy.log_fields) for m in whole)
+            self._forget(queue, whole, expired=True)
+            return
+        for message in whole:
+            headers = {
+                **message.headers,
+                "expired-from": queue.name,
+                "dead-letter-reason": f"expired at {message.expires_ms}",
+            }
+            # It must not expire again where it goes.
+            copy = msgspec.structs.replace(
+                message,
+                destination=target,
+                headers=headers,
+                expires_ms=0,
+                seq=0,
+                deliveries=0,
+                redelivered=False,
+            )
+            self._move(queue, message, copy, "expired")
 
     def _dispatch(self, queue: _Queue) -> None:
         """Hand pending messages to ready consumers, round robin."""
@@ -357,8 +399,7 @@ class QueueEngine(Engine):
             message = pending.popleft()
             if message.expires_ms and message.expires_ms <= self.now_ms and expiry_on_read:
                 # Never deliver an expired message (no need to read it back to drop it).
-                self._forget(queue, [self._taken_index(message)], expired=True)
-                self.expired += 1
+                self._expire(queue, [message])
                 index -= 1  # this consumer was not served
                 continue
             message = self._taken(message)

@@ -12,11 +12,21 @@ producers and only falling to `low` starts them again.
   preemptive service of waiting senders.
 * `FlowGate`, `Stop`: a gateway's view of its pipelines' stops: which SEND must wait.
 * `store_limits`: a config section's watermarks as `StoreLimits`.
+* `expired_log_line`, `parse_log_fields`: the expiry policies' log format.
 
 No sockets, no clocks, no stores: callers pass in amounts and the current time, and the
 workers wire the results to rings and gateways.
 """
 
+from ._expiry import (
+    DISCARD,
+    EXPIRY_POLICIES,
+    HEADER_FIELDS,
+    ExpiryPolicy,
+    expired_log_line,
+    expiry_policies,
+    parse_log_fields,
+)
 from ._gate import (
     STORE_LIVE,
     STORE_PERSISTENT_QUEUES,
@@ -38,13 +48,17 @@ from ._rate import RateFlow, RateSettings
 from ._watermark import OFF, Level, Watermark
 
 __all__ = [
+    "DISCARD",
+    "EXPIRY_POLICIES",
     "GLOBAL",
+    "HEADER_FIELDS",
     "NO_LIMIT",
     "OFF",
     "STORE_LIVE",
     "STORE_PERSISTENT_QUEUES",
     "STORE_TOPICS",
     "STORE_VOLATILE_QUEUES",
+    "ExpiryPolicy",
     "FlowChange",
     "FlowGate",
     "FlowTracker",
@@ -58,5 +72,8 @@ __all__ = [
     "StoreLimits",
     "Watermark",
     "destination_limits",
+    "expired_log_line",
+    "expiry_policies",
+    "parse_log_fields",
     "store_limits",
 ]

@@ -59,6 +59,7 @@ from ._ring import (
     RingWriter,
     record_bytes,
 )
+from ._stats import StatsBlock
 
 __all__ = [
     "COUNTERS",
@@ -85,6 +86,7 @@ __all__ = [
     "ShmClosedError",
     "ShmError",
     "ShmSpaceError",
+    "StatsBlock",
     "WorkerSlot",
     "monotonic_ms",
     "park",

@@ -64,6 +64,10 @@ class Layout:
             p for p in range(topology.p2p, topology.pipelines) if self.replayer_of(p) == replayer
         ]
 
+    def stats(self, slot: int) -> str:
+        """Stats block of the worker in control-block slot `slot` (read by the admin API)."""
+        return segment_name(self.instance, f"stats-{slot}")
+
     @property
     def workers(self) -> int:
         return self.gateways + self.topology.pipelines + self.replayers

@@ -230,6 +230,17 @@ class Durables:
         self.to_replay.append(ReplayRelease(self.pipeline))
         return orphans
 
+    def stats(self) -> list[dict[str, object]]:
+        """For the admin API: every durable subscription and what it is doing."""
+        return [
+            {
+                "name": d.name,
+                "topic": d.topic,
+                "state": "replaying" if d.replaying else "live" if d.consumer else "inactive",
+            }
+            for d in sorted(self.subs.values(), key=lambda d: d.name)
+        ]
+
     # -- records -------------------------------------------------------------------------
 
     def handle(self, gateway: int, record: Record) -> None:

@@ -31,6 +31,7 @@ from mpbroker.shm import (
     Ring,
     RingReader,
     RingWriter,
+    StatsBlock,
     park_async,
 )
 from mpbroker.stomp import (
@@ -43,6 +44,7 @@ from mpbroker.stomp import (
     encode_frame,
 )
 
+from . import _stats
 from ._layout import WorkerSpec
 
 __all__ = ["run_gateway"]
@@ -133,6 +135,9 @@ class Gateway:
         # Flow control: the stops our pipelines announced; waiting SENDs wake on a change.
         self.flow = FlowGate(layout.topology)
         self.flow_changed = trio.Event()
+        # SENDs held by flow control now, for the admin API: conn -> (destination, stop, since).
+        self.held_sends: dict[_Connection, tuple[str, Stop, float]] = {}
+        self.stats = StatsBlock.attach(layout.stats(spec.slot))
 
     # -- rings ---------------------------------------------------------------------------
 
@@ -232,6 +237,34 @@ class Gateway:
                 await self.flow_changed.wait()
                 current = self.flow.stop_for(destination, persistent)
         return current
+
+    async def publish_stats(self) -> None:
+        """Our state for the admin API, every admin.stats_interval_ms."""
+        interval = self.config.admin.stats_interval_ms / 1000
+        while True:
+            now = time.monotonic()
+            held = [
+                {
+                    "peer": conn.peer,
+                    "destination": destination,
+                    "limit": stop.reason,
+                    "store": stop.store,
+                    "waiting_ms": int((now - since) * 1000),
+                }
+                for conn, (destination, stop, since) in self.held_sends.items()
+            ]
+            _stats.publish(
+                self.stats,
+                {
+                    "title": self.spec.title,
+                    "pid": os.getpid(),
+                    "at_ms": epoch_ms(),
+                    "connections": len(self.connections),
+                    "stopped_producers": held,
+                    "stops_known": len(self.flow.stops),
+                },
+            )
+            await trio.sleep(interval)
 
     # -- connections ---------------------------------------------------------------------
 
@@ -340,7 +373,12 @@ class Gateway:
                     # What came before it goes first; then it waits for room.
                     if session.routes:
                         await self.route(session.routes)
-                    stop = await self._wait_for_room(frame, stop)
+                    destination = frame.headers.get("destination", "")
+                    self.held_sends[conn] = (destination, stop, time.monotonic())
+                    try:
+                        stop = await self._wait_for_room(frame, stop)
+                    finally:
+                        del self.held_sends[conn]
                     if stop is not None:
                         self._refuse_stopped(conn, frame, stop)
                         break
@@ -438,6 +476,7 @@ class Gateway:
         for bell in self.pipeline_bells:
             bell.close()
         self.doorbell.close()
+        self.stats.close()
         self.control.close()
 
 
@@ -472,6 +511,7 @@ async def _main(spec: WorkerSpec) -> None:
         with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(gateway.pump)
+                nursery.start_soon(gateway.publish_stats)
                 accepting = trio.CancelScope()
 
                 async def accept() -> None:

@@ -127,8 +127,8 @@ class QueuePersistence:
         in their queue after a restart) and the copies are kept in memory meanwhile.
         """
         engine = self.engine
-        pairs, engine.dead_letters = engine.dead_letters, []
-        copies = [copy for _, copy in pairs]
+        moves, engine.dead_letters = engine.dead_letters, []
+        copies = [copy for _, copy, _ in moves]
         try:
             seqs = self.store.append(copies)
         except StoreError as exc:
@@ -138,7 +138,9 @@ class QueuePersistence:
         for copy, seq in zip(copies, seqs, strict=True):
             copy.seq = seq
         engine.enqueue_dead_letters(copies)
-        self.store.settle([original for original, _ in pairs], "dead-lettered", now)
+        for outcome in {outcome for _, _, outcome in moves}:
+            seqs = [seq for seq, _, o in moves if o == outcome]
+            self.store.settle(seqs, outcome, now)
 
     def write_back(self) -> None:
         """Record what the engine settled, returned and expired since the last call.

@@ -25,6 +25,7 @@ from mpbroker.flow import (
     FlowTracker,
     Watermark,
     destination_limits,
+    expiry_policies,
     store_limits,
 )
 from mpbroker.records import (
@@ -38,9 +39,18 @@ from mpbroker.records import (
     Send,
     Subscribe,
 )
-from mpbroker.shm import STATE_READY, ControlBlock, Doorbell, Ring, RingReader, park
+from mpbroker.shm import (
+    STATE_READY,
+    ControlBlock,
+    Doorbell,
+    Ring,
+    RingReader,
+    StatsBlock,
+    park,
+)
 from mpbroker.stores import MessageStore, TopicStore
 
+from . import _stats
 from ._layout import WorkerSpec, durable_registry, store_directory
 from ._outlet import Outlet
 from .durable import Durables
@@ -49,6 +59,8 @@ from .persistence import QueuePersistence
 __all__ = ["run_pipeline"]
 
 log = logging.getLogger("mpbroker.pipeline")
+# The expiry policy `log`: one line per expired message, in WebLogic's format.
+expiry_log = logging.getLogger("mpbroker.expiry")
 
 # How long a restarted pipeline waits for gateways to re-register before it goes on
 # without the ones that did not answer (a gateway that is itself restarting).
@@ -87,6 +99,8 @@ class Pipeline:
         self.index = spec.index
         self.control = ControlBlock.attach(layout.control)
         self.slot = self.control.slot(spec.slot)
+        self.stats = StatsBlock.attach(layout.stats(spec.slot))
+        self.next_stats_ms = 0
         self.doorbell = Doorbell.create(layout.pipeline_bell(spec.index))
         self.gateway_bells = [
             Doorbell.attach(layout.gateway_bell(g), missing_ok=True) for g in range(layout.gateways)
@@ -135,6 +149,10 @@ class Pipeline:
                 (STORE_VOLATILE_QUEUES, engine.flow_volatile),
                 (STORE_PERSISTENT_QUEUES, engine.flow_persistent),
             ]
+            topology = layout.topology
+            engine.expiry_for = expiry_policies(
+                config, owns=lambda queue: topology.owner(queue) == spec.index
+            )
             store = MessageStore.open(store_directory(config, "p2p", spec.index), config.store)
             self.persistence = QueuePersistence(store, engine, self.outbox, config)
             self.engine = self.queue_engine = engine
@@ -302,6 +320,10 @@ class Pipeline:
 
     def flush(self) -> None:
         self._announce_flow_changes()
+        if self.queue_engine.expiry_log:
+            for line in self.queue_engine.expiry_log:
+                expiry_log.info("%s", line)
+            self.queue_engine.expiry_log.clear()
         for gateway, batch in self.outbox.take().items():
             outlet = self.outlets[gateway]
             for record in batch:
@@ -339,6 +361,7 @@ class Pipeline:
             self.slot.beat()
             self.slot.set_counter(COUNTER_RECEIVED, self.engine.received)
             self.slot.set_counter(COUNTER_DELIVERED, self.engine.delivered)
+            self._publish_stats()
             if busy:
                 continue
             due = self._commit_due_in_s()
@@ -359,6 +382,28 @@ class Pipeline:
                 return
             park(self.park_readers, self.doorbell, park_timeout)
 
+    def _publish_stats(self) -> None:
+        now = epoch_ms()
+        if now < self.next_stats_ms:
+            return
+        self.next_stats_ms = now + self.spec.config.admin.stats_interval_ms
+        snapshot: dict[str, object] = {
+            "title": self.spec.title,
+            "pid": os.getpid(),
+            "at_ms": now,
+            "received": self.engine.received,
+            "delivered": self.engine.delivered,
+        }
+        if self.durables is None:
+            snapshot.update(_stats.queues(self.queue_engine, self.flow_trackers))
+            snapshot.update(_stats.consumers(self.queue_engine))
+        else:
+            assert self.topic_engine is not None
+            snapshot.update(_stats.topics(self.topic_engine))
+            snapshot.update(_stats.consumers(self.topic_engine, self.queue_engine))
+            snapshot["durable_subscriptions"] = self.durables.stats()
+        _stats.publish(self.stats, snapshot)
+
     def _commit_due_in_s(self) -> float | None:
         if self.durables is not None:
             return self.durables.persistence.due_in_s()
@@ -378,6 +423,7 @@ class Pipeline:
         for bell in self.gateway_bells:
             bell.close()
         self.doorbell.close()
+        self.stats.close()
         self.control.close()
 
 

@@ -24,9 +24,10 @@ from mpbroker import records
 from mpbroker.clock import epoch_ms
 from mpbroker.engine import ReplayKey, ReplayScheduler
 from mpbroker.records import ReplayBatch, ReplayHello, ReplayRelease, ReplayRequest
-from mpbroker.shm import STATE_READY, ControlBlock, Doorbell, Ring, RingReader, park
+from mpbroker.shm import STATE_READY, ControlBlock, Doorbell, Ring, RingReader, StatsBlock, park
 from mpbroker.stores import StoreError, TopicStoreReader
 
+from . import _stats
 from ._layout import WorkerSpec, durable_registry, store_directory
 from ._outlet import Outlet
 
@@ -53,6 +54,8 @@ class ReplayWorker:
         config = spec.config
         self.control = ControlBlock.attach(layout.control)
         self.slot = self.control.slot(spec.slot)
+        self.stats = StatsBlock.attach(layout.stats(spec.slot))
+        self.next_stats_ms = 0
         self.doorbell = Doorbell.create(layout.replay_bell(spec.index))
         self.partitions = layout.served_by(spec.index)
         self.rings: list[Ring] = []
@@ -162,6 +165,26 @@ class ReplayWorker:
                     batches,
                 )
 
+    def _publish_stats(self) -> None:
+        now = epoch_ms()
+        if now < self.next_stats_ms:
+            return
+        self.next_stats_ms = now + self.spec.config.admin.stats_interval_ms
+        scheduler = self.scheduler
+        _stats.publish(
+            self.stats,
+            {
+                "title": self.spec.title,
+                "pid": os.getpid(),
+                "at_ms": now,
+                "replaying": [name for _, name in scheduler.places],
+                "waiting_for_a_place": [name for _, name in scheduler.waiting],
+                "in_flight_bytes": scheduler.in_flight_bytes,
+                "batches": self.batches,
+                "messages": self.messages,
+            },
+        )
+
     def flush(self) -> None:
         for outlet in self.outlets.values():
             outlet.flush()
@@ -180,6 +203,7 @@ class ReplayWorker:
             self.slot.beat()
             self.slot.set_counter(COUNTER_BATCHES, self.batches)
             self.slot.set_counter(COUNTER_MESSAGES, self.messages)
+            self._publish_stats()
             if busy:
                 continue
             if os.getppid() != parent:
@@ -197,6 +221,7 @@ class ReplayWorker:
         for bell in self.bells:
             bell.close()
         self.doorbell.close()
+        self.stats.close()
         self.control.close()
 
 

@@ -28,6 +28,7 @@ from mpbroker.shm import (
     ControlBlock,
     Doorbell,
     Ring,
+    StatsBlock,
     monotonic_ms,
     remove_instance,
     sweep_stale,
@@ -35,6 +36,7 @@ from mpbroker.shm import (
 
 from ._bootstrap import worker_entry
 from ._layout import Layout, WorkerSpec
+from .admin import AdminServer, WorkerRef, status_view
 
 __all__ = ["StartupError", "serve"]
 
@@ -80,6 +82,8 @@ class Supervisor:
         self.rings: list[Ring] = []
         self.bells: list[Doorbell] = []
         self.control: ControlBlock | None = None
+        self.stats: dict[int, StatsBlock] = {}
+        self.admin: AdminServer | None = None
         self.port_holder: socket.socket | None = None
         self.port = broker.port
         self._stop = False
@@ -94,6 +98,8 @@ class Supervisor:
         layout = self.layout
         capacity = self.config.rings.capacity_bytes
         self.control = ControlBlock.create(layout.control, layout.workers)
+        for slot in range(layout.workers):
+            self.stats[slot] = StatsBlock.create(layout.stats(slot), self.config.admin.stats_bytes)
         # Doorbell FIFOs exist from the start so writers can attach before their reader
         # runs; each reader re-creates its own when it starts (see Doorbell.create).
         for g in range(layout.gateways):
@@ -207,6 +213,28 @@ class Supervisor:
                 names = ", ".join(w.spec_title for w in missing)
                 raise StartupError(f"workers not ready after {_STARTUP_TIMEOUT_S:.0f} s: {names}")
             time.sleep(0.02)
+
+    def start_admin(self) -> None:
+        """The admin API, if configured (it only reads shared memory: a thread is enough)."""
+        admin = self.config.admin
+        if admin.port < 0:
+            return
+        try:
+            self.admin = AdminServer(admin.host, admin.port, self.admin_status)
+        except OSError as exc:
+            raise StartupError(
+                f"cannot serve the admin API on {admin.host}:{admin.port}: {exc.strerror}"
+            ) from None
+        self.admin.start()
+        host, port = self.admin.address
+        log.info("admin API on http://%s:%d (/status, /flow)", host, port)
+
+    def admin_status(self) -> dict[str, object]:
+        assert self.control is not None
+        refs: list[WorkerRef] = [
+            (w.spec_title, w.role, w.index, self._slot_index(w)) for w in self.workers
+        ]
+        return status_view(self.control, self.stats, refs)
 
     # -- running -------------------------------------------------------------------------
 
@@ -333,6 +361,11 @@ class Supervisor:
                     p.join()
 
     def cleanup(self) -> None:
+        if self.admin is not None:
+            self.admin.close()
+        for block in self.stats.values():
+            block.close()
+            block.unlink()
         for ring in self.rings:
             ring.close()
             ring.unlink()
@@ -358,6 +391,7 @@ def serve(config: Config) -> int:
         supervisor.reserve_port()
         supervisor.start_all()
         supervisor.wait_ready()
+        supervisor.start_admin()
         log.info("mpbroker ready on %s:%d", config.broker.host, supervisor.port)
         supervisor.watch()
         log.info("stopping")

@@ -100,3 +100,40 @@ def test_expiry_scan_settles_stored_messages_for_good(
     assert consumer.recv().body == b"long"
     with pytest.raises(AssertionError):
         consumer.recv(timeout=0.5)
+
+
+@pytest.mark.parametrize("persistent", ["true", "false"])
+def test_expiry_policies_log_and_redirect(
+    start_broker: type[BrokerProcess], raw: RawFactory, persistent: str
+) -> None:
+    config = (
+        "[queues]\nexpiry_scan_interval_s = 0.2\n"
+        '[destinations."/queue/logged"]\nexpiry_policy = "log"\n'
+        'expiry_log_fields = "JMSPriority,%properties%"\n'
+        '[destinations."/queue/moved"]\nexpiry_policy = "redirect"\n'
+        'expiry_destination = "/queue/expired"\n'
+        '[destinations."/queue/to-dlq"]\nexpiry_policy = "redirect"\n'
+    )
+    broker = start_broker("--gateways", "1", config=config)
+    client = raw(broker)
+    client.connect()
+    for queue in ("logged", "moved", "to-dlq", "discarded"):
+        send_all(
+            client,
+            f"/queue/{queue}",
+            [(queue.encode(), {"persistent": persistent, "ttl": "100", "car": "Civic"})],
+        )
+    broker.wait_for_log(
+        r"<ExpiredJMSMessage JMSMessageID='ID-\S+' > <HeaderFields JMSPriority='4' /> "
+        r"<UserProperties car='Civic' /> </ExpiredJMSMessage>"
+    )
+    for target, body in (("/queue/expired", b"moved"), ("/queue/DLQ.to-dlq", b"to-dlq")):
+        client.send("SUBSCRIBE", {"destination": target, "id": target})
+        frame = client.recv(timeout=10)
+        assert frame.body == body
+        assert frame.headers["expired-from"] == f"/queue/{body.decode()}"
+        assert frame.headers["dead-letter-reason"].startswith("expired at ")
+    for gone in ("/queue/logged", "/queue/discarded"):
+        client.send("SUBSCRIBE", {"destination": gone, "id": gone})
+    with pytest.raises(AssertionError):
+        client.recv(timeout=0.5)

@@ -1,0 +1,126 @@
+"""Plain-text views of the admin API's JSON (`mpbroker admin status|flow`). Pure."""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["render_flow", "render_status", "table"]
+
+
+def table(headers: list[str], rows: list[list[Any]]) -> str:
+    """Columns padded to their widest cell; '-' for a missing value."""
+    cells = [[("-" if v is None or v == "" else str(v)) for v in row] for row in rows]
+    widths = [max([len(h), *(len(r[i]) for r in cells)]) for i, h in enumerate(headers)]
+    lines = ["  ".join(h.ljust(w) for h, w in zip(headers, widths, strict=True)).rstrip()]
+    lines += ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in cells]
+    return "\n".join(lines)
+
+
+def _mark(high: int, low: int) -> str:
+    return "off" if high < 0 else f"{high}/{low}"
+
+
+def render_status(data: dict[str, Any]) -> str:
+    rows = []
+    for w in data["workers"]:
+        stats = w["stats"]
+        figures = {
+            "received": stats.get("received"),
+            "delivered": stats.get("delivered"),
+            "connections": stats.get("connections"),
+        }
+        shown = ", ".join(f"{k} {v}" for k, v in figures.items() if v is not None)
+        rows.append(
+            [w["title"], w["state"], w["pid"], w["incarnation"], w["heartbeat_age_ms"], shown]
+        )
+    return table(["worker", "state", "pid", "restarts", "heartbeat ms", "figures"], rows)
+
+
+def render_flow(data: dict[str, Any]) -> str:
+    parts = []
+    dest_rows = []
+    for d in data["destinations"]:
+        if "stores" in d:  # a queue: one line per store that holds something or stops it
+            for store, s in d["stores"].items():
+                if s["messages"] or s["stopped"]:
+                    dest_rows.append(
+                        [
+                            d["name"],
+                            store,
+                            s["messages"],
+                            s["bytes"],
+                            _mark(s["msg_high"], s["msg_low"]),
+                            _mark(s["byte_high"], s["byte_low"]),
+                            s["stopped"] or "no",
+                        ]
+                    )
+        else:  # a topic: its live buffer
+            dest_rows.append(
+                [
+                    d["name"],
+                    "topics (live)",
+                    d["deepest_backlog"],
+                    None,
+                    _mark(d["live_msg_high"], d["live_msg_low"]),
+                    None,
+                    d["stopped"] or "no",
+                ]
+            )
+    parts.append(
+        table(
+            [
+                "destination",
+                "store",
+                "messages",
+                "bytes",
+                "msg high/low",
+                "byte high/low",
+                "stopped",
+            ],
+            dest_rows,
+        )
+    )
+    global_rows = [
+        [
+            worker,
+            store,
+            s["messages"],
+            s["bytes"],
+            _mark(s["global_msg_high"], s["global_msg_low"]),
+            _mark(s["global_byte_high"], s["global_byte_low"]),
+            s["stopped"] or "no",
+        ]
+        for worker, stores in data["global"].items()
+        for store, s in stores.items()
+    ]
+    if global_rows:
+        parts.append(
+            table(
+                ["worker", "store", "messages", "bytes", "global msg", "global bytes", "stopped"],
+                global_rows,
+            )
+        )
+    producers = [
+        [p["gateway"], p["peer"], p["destination"], p["limit"], p["waiting_ms"]]
+        for p in data["stopped_producers"]
+    ]
+    parts.append(
+        table(["gateway", "producer", "destination", "limit", "waiting ms"], producers)
+        if producers
+        else "no producer is stopped"
+    )
+    consumers = [
+        [
+            c["destination"],
+            c["subscription"],
+            c["ack"],
+            f"{c['unacknowledged']}/{c['prefetch']}",
+            c["backlog"],
+            c["ready"],
+        ]
+        for c in data["consumers"]
+    ]
+    parts.append(
+        table(["destination", "subscription", "ack", "window", "backlog", "ready"], consumers)
+    )
+    return "\n\n".join(parts)

@@ -1,0 +1,135 @@
+"""What a worker publishes in its stats block for the admin API (JSON-ready dicts).
+
+Built from the engines' own state every `admin.stats_interval_ms`; lists are cut at
+`_MAX_ITEMS` entries (the count of what was left out is given) so a broker with many
+destinations or consumers still fits its block.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from mpbroker.engine import Engine, QueueEngine, TopicEngine
+from mpbroker.flow import FlowTracker, StoreLimits
+from mpbroker.records import ACK_MODES
+from mpbroker.shm import StatsBlock
+
+__all__ = ["consumers", "publish", "queues", "topics"]
+
+_MAX_ITEMS = 1000
+_ACK_NAMES = {value: name for name, value in ACK_MODES.items()}
+
+
+def _cut(items: list[dict[str, Any]], what: str, out: dict[str, Any]) -> None:
+    out[what] = items[:_MAX_ITEMS]
+    if len(items) > _MAX_ITEMS:
+        out[f"{what}_not_shown"] = len(items) - _MAX_ITEMS
+
+
+def _marks(limits: StoreLimits) -> dict[str, int]:
+    return {
+        "msg_high": limits.messages.high,
+        "msg_low": limits.messages.low,
+        "byte_high": limits.bytes.high,
+        "byte_low": limits.bytes.low,
+    }
+
+
+def queues(engine: QueueEngine, trackers: list[tuple[str, FlowTracker]]) -> dict[str, Any]:
+    """Every queue: waiting and unacknowledged messages, and per store its counts,
+    watermarks and stop; the stores' global counts and stops."""
+    rows: list[dict[str, Any]] = []
+    for name, queue in sorted(engine.queues.items()):
+        stores: dict[str, Any] = {}
+        for store, tracker in trackers:
+            messages, nbytes = tracker.counts(name)
+            limits = (
+                tracker.destination_limits(name) if tracker.destination_limits else tracker.limits
+            )
+            stores[store] = {
+                "messages": messages,
+                "bytes": nbytes,
+                **_marks(limits),
+                "stopped": tracker.stopped().get(name, ""),
+            }
+        rows.append(
+            {
+                "name": name,
+                "waiting": len(queue.pending),
+                "unacknowledged": queue.held_messages - len(queue.pending),
+                "consumers": len(queue.consumers),
+                "stores": stores,
+            }
+        )
+    out: dict[str, Any] = {}
+    _cut(rows, "destinations", out)
+    out["stores"] = {
+        store: {
+            "messages": tracker.totals[0],
+            "bytes": tracker.totals[1],
+            "global_msg_high": tracker.limits.global_messages.high,
+            "global_msg_low": tracker.limits.global_messages.low,
+            "global_byte_high": tracker.limits.global_bytes.high,
+            "global_byte_low": tracker.limits.global_bytes.low,
+            "stopped": tracker.stopped().get("", ""),
+        }
+        for store, tracker in trackers
+    }
+    return out
+
+
+def topics(engine: TopicEngine) -> dict[str, Any]:
+    """Every topic: subscribers, the slowest one's backlog, the live watermark and stop."""
+    stops = engine.live_stops()
+    rows = []
+    for name, subscribers in sorted(engine.topics.items()):
+        mark = engine.live_mark_for(name)
+        rows.append(
+            {
+                "name": name,
+                "subscribers": len(subscribers),
+                "deepest_backlog": max((len(c.pending) for c in subscribers), default=0),
+                "live_msg_high": mark.high,
+                "live_msg_low": mark.low,
+                "stopped": stops.get(name, ""),
+            }
+        )
+    out: dict[str, Any] = {}
+    _cut(rows, "destinations", out)
+    return out
+
+
+def consumers(*engines: Engine) -> dict[str, Any]:
+    """Every consumer's window: in use, size, and whether it can take more (`ready`)."""
+    rows = []
+    for engine in engines:
+        for consumer in engine.consumers.values():
+            gateway, conn, _ = consumer.key
+            rows.append(
+                {
+                    "destination": consumer.destination,
+                    "subscription": consumer.sub_id,
+                    "gateway": gateway,
+                    "connection": conn,
+                    "ack": _ACK_NAMES.get(consumer.ack_mode, str(consumer.ack_mode)),
+                    "unacknowledged": len(consumer.unacked),
+                    "prefetch": consumer.prefetch,
+                    "backlog": len(consumer.pending),
+                    "ready": "yes" if consumer.ready else "no",
+                }
+            )
+    out: dict[str, Any] = {}
+    _cut(rows, "consumers", out)
+    return out
+
+
+def publish(block: StatsBlock, snapshot: dict[str, Any]) -> None:
+    """Write `snapshot` as JSON; if it does not fit, say so in a smaller one."""
+    data = json.dumps(snapshot, separators=(",", ":")).encode()
+    if not block.write(data):
+        short = {k: v for k, v in snapshot.items() if not isinstance(v, dict | list)}
+        short["error"] = (
+            f"state of {len(data)} bytes does not fit admin.stats_bytes = {block.capacity}"
+        )
+        block.write(json.dumps(short).encode())

@@ -1,0 +1,115 @@
+"""The admin API and `mpbroker admin`: workers, and flow control as it is now."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from tests.broker import BrokerProcess, RawClient
+
+RawFactory = Callable[[BrokerProcess], RawClient]
+
+pytestmark = pytest.mark.slow
+
+
+def get(broker: BrokerProcess, path: str) -> dict[str, Any]:
+    with urllib.request.urlopen(f"http://127.0.0.1:{broker.admin_port}{path}", timeout=10) as r:
+        data: dict[str, Any] = json.load(r)
+        return data
+
+
+def eventually(check: Callable[[], Any], timeout: float = 10) -> Any:
+    """The first truthy result of `check` (the stats are up to 500 ms old)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        result = check()
+        if result:
+            return result
+        assert time.monotonic() < deadline, "the admin API never showed it"
+        time.sleep(0.1)
+
+
+def test_status_lists_every_worker_ready(broker: BrokerProcess) -> None:
+    status = get(broker, "/status")
+    titles = {w["title"]: w for w in status["workers"]}
+    assert {"gateway 0", "p2p 0", "pubsub 0", "replay 0"} <= set(titles)
+    assert all(w["state"] == "ready" and w["pid"] > 0 for w in titles.values())
+
+
+def test_flow_shows_a_full_consumer_not_ready_and_a_held_producer(
+    start_broker: type[BrokerProcess], raw: RawFactory
+) -> None:
+    config = "[vol_queue_store]\nmsg_high = 3\nmsg_low = 1\n[flow]\nsend_timeout_ms = 60000\n"
+    broker = start_broker("--gateways", "1", config=config)
+    consumer = raw(broker)
+    consumer.connect()
+    consumer.send(
+        "SUBSCRIBE",
+        {
+            "destination": "/queue/watched",
+            "id": "w",
+            "ack": "client",
+            "activemq.prefetchSize": "1",
+        },
+    )
+    producer = raw(broker)
+    producer.connect()
+    for n in range(3):
+        producer.send("SEND", {"destination": "/queue/watched", "receipt": str(n)}, b"x")
+        assert producer.recv().command == "RECEIPT"
+    producer.send("SEND", {"destination": "/queue/watched", "receipt": "held"}, b"x")
+
+    def consumers() -> list[dict[str, Any]]:
+        flow = get(broker, "/flow")
+        return [c for c in flow["consumers"] if c["destination"] == "/queue/watched"]
+
+    (row,) = eventually(consumers)
+    assert (row["subscription"], row["unacknowledged"], row["prefetch"], row["ready"]) == (
+        "w",
+        1,
+        1,
+        "no",
+    )
+    flow = eventually(lambda: (f := get(broker, "/flow"))["stopped_producers"] and f)
+    (held,) = flow["stopped_producers"]
+    assert (held["destination"], held["limit"], held["store"]) == (
+        "/queue/watched",
+        "msg_high 3",
+        "vol_queue_store",
+    )
+    (queue,) = [d for d in flow["destinations"] if d["name"] == "/queue/watched"]
+    store = queue["stores"]["vol_queue_store"]
+    assert (store["messages"], store["msg_high"], store["msg_low"], store["stopped"]) == (
+        3,
+        3,
+        1,
+        "msg_high 3",
+    )
+    # The command line shows the same, as text.
+    out = subprocess.run(
+        [sys.executable, "-m", "mpbroker", "admin", "flow", "--port", str(broker.admin_port)],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=True,
+    ).stdout
+    assert "/queue/watched" in out and "msg_high 3" in out
+    assert any(line.split()[-1] == "no" for line in out.splitlines() if line.startswith("/queue"))
+
+
+def test_admin_command_says_when_no_broker_answers() -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "mpbroker", "admin", "status", "--port", "1"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert done.returncode == 1
+    assert "cannot reach the admin API at http://127.0.0.1:1/status" in done.stderr
