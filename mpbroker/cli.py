@@ -62,7 +62,7 @@ def cmd_config_show(args: argparse.Namespace) -> int:
     for table in config.destinations:
         print(f"\n[destinations.{json.dumps(table.pattern)}]")
         for name, value in table.items():
-            shown = json.dumps(value) if isinstance(value, str) else value
+            shown = json.dumps(value) if isinstance(value, str | bool) else value
             print(f"{name} = {shown}  # overrides the default for matching destinations")
     return 0
 

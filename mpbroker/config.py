@@ -308,6 +308,19 @@ class FlowSettings:
         "naming the limit (0 = refuse at once)",
         min=0,
     )
+    # WebLogic's rate-based flow control (its defaults): instead of stopping producers at
+    # a destination's high watermark, slow each one down, geometrically from
+    # flow_maximum to flow_minimum over flow_interval_s in flow_steps steps, and let it
+    # recover linearly once the destination is back under its low watermark.
+    flow_control: bool = _setting(
+        False, "slow producers of an armed destination down instead of stopping them"
+    )
+    flow_maximum: float = _setting(
+        500.0, "messages/s a producer may send when it is first slowed down", min=0.001
+    )
+    flow_minimum: float = _setting(50.0, "messages/s the producer's rate decays to", min=0.001)
+    flow_interval_s: float = _setting(60.0, "seconds the decay (and the recovery) takes", min=0.001)
+    flow_steps: int = _setting(10, "steps of the decay and of the recovery", min=1)
 
 
 @dataclass(frozen=True, slots=True)
@@ -370,6 +383,11 @@ DESTINATION_KEYS: Final = {
     "live_msg_high": "topics",
     "live_msg_low": "topics",
     "send_timeout_ms": "flow",
+    "flow_control": "flow",
+    "flow_maximum": "flow",
+    "flow_minimum": "flow",
+    "flow_interval_s": "flow",
+    "flow_steps": "flow",
     "expiry_policy": "queues",
     "expiry_log_fields": "queues",
     "expiry_destination": "queues",
@@ -389,6 +407,11 @@ class DestinationSettings:
     live_msg_high: int | None = None  # topics: the slowest subscriber's backlog
     live_msg_low: int | None = None
     send_timeout_ms: int | None = None
+    flow_control: bool | None = None  # rate-based flow
+    flow_maximum: float | None = None
+    flow_minimum: float | None = None
+    flow_interval_s: float | None = None
+    flow_steps: int | None = None
     expiry_policy: str | None = None  # queues
     expiry_log_fields: str | None = None
     expiry_destination: str | None = None
@@ -396,7 +419,7 @@ class DestinationSettings:
     def matches(self, destination: str) -> bool:
         return fnmatch.fnmatchcase(destination, self.pattern)
 
-    def items(self) -> list[tuple[str, int | str]]:
+    def items(self) -> list[tuple[str, int | float | str | bool]]:
         """The settings this table sets, in declaration order."""
         return [(k, v) for k in DESTINATION_KEYS if (v := getattr(self, k)) is not None]
 
@@ -619,12 +642,27 @@ def _check_consistency(config: Config) -> None:
         )
     _check_flow(config)
     _check_expiry(config)
+    _check_rate_flow(config)
     if config.stomp.max_header_bytes > config.stomp.max_frame_bytes:
         raise ConfigError(
             "stomp.max_header_bytes",
             config.stomp.max_header_bytes,
             f"must not exceed stomp.max_frame_bytes = {config.stomp.max_frame_bytes}",
         )
+
+
+def _check_rate_flow(config: Config) -> None:
+    flow = config.flow
+    pairs = [("flow", flow.flow_minimum, flow.flow_maximum)]
+    for table in config.destinations:
+        low = table.flow_minimum if table.flow_minimum is not None else flow.flow_minimum
+        high = table.flow_maximum if table.flow_maximum is not None else flow.flow_maximum
+        pairs.append((f'destinations."{table.pattern}"', low, high))
+    for where, low, high in pairs:
+        if low > high:
+            raise ConfigError(
+                f"{where}.flow_minimum", low, f"must not exceed flow_maximum = {high}"
+            )
 
 
 def _check_expiry(config: Config) -> None:

@@ -446,3 +446,10 @@ def load_config_text(text: str) -> Config:
     import tomllib
 
     return config_from_mapping(tomllib.loads(text))
+
+
+def test_rate_flow_minimum_above_maximum_is_refused() -> None:
+    with pytest.raises(ConfigError) as info:
+        config_from_mapping({"destinations": {"/queue/x": {"flow_minimum": 1000.0}}})
+    assert info.value.key == 'destinations."/queue/x".flow_minimum'
+    assert "must not exceed flow_maximum = 500.0" in str(info.value)

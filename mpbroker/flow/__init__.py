@@ -44,7 +44,7 @@ from ._limits import (
     store_limits,
 )
 from ._quota import NO_LIMIT, Quota, QuotaPolicy, QuotaSettings
-from ._rate import RateFlow, RateSettings
+from ._rate import RateFlow, RateSettings, rate_settings_for
 from ._watermark import OFF, Level, Watermark
 
 __all__ = [
@@ -75,5 +75,6 @@ __all__ = [
     "expired_log_line",
     "expiry_policies",
     "parse_log_fields",
+    "rate_settings_for",
     "store_limits",
 ]

@@ -22,9 +22,13 @@ No clock is read here: every call takes `now` (seconds, from any monotonic clock
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
-__all__ = ["RateFlow", "RateSettings"]
+from mpbroker.config import Config
+
+__all__ = ["RateFlow", "RateSettings", "rate_settings_for"]
 
 # A time that lands exactly on a step boundary must count as that step, although
 # `elapsed / step_s` may come out a hair below the whole number after float rounding.
@@ -162,3 +166,35 @@ class RateFlow:
     def _advance(self, now: float) -> None:
         if self._phase == _RECOVER and self._step(now) >= self._recovery_steps():
             self._phase = _IDLE
+
+
+def rate_settings_for(config: Config) -> Callable[[str], RateSettings | None]:
+    """Per destination: its rate-based flow settings, or None where it is off
+    ([flow] defaults under its [destinations] table)."""
+    flow = config.flow
+    cache: dict[str, RateSettings | None] = {}
+
+    def settings_for(destination: str) -> RateSettings | None:
+        if destination in cache:
+            return cache[destination]
+        table = config.destination(destination)
+
+        def pick(name: str) -> Any:
+            value = getattr(table, name) if table is not None else None
+            return getattr(flow, name) if value is None else value
+
+        found = (
+            RateSettings(
+                pick("flow_maximum"),
+                pick("flow_minimum"),
+                pick("flow_interval_s"),
+                pick("flow_steps"),
+            )
+            if pick("flow_control")
+            else None
+        )
+        if len(cache) < 100_000:
+            cache[destination] = found
+        return found
+
+    return settings_for

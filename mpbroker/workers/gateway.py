@@ -20,7 +20,7 @@ import trio
 
 from mpbroker import records
 from mpbroker.clock import epoch_ms
-from mpbroker.flow import FlowGate, Stop
+from mpbroker.flow import FlowGate, RateFlow, RateSettings, Stop, rate_settings_for
 from mpbroker.gateway_session import GatewaySession, SessionState, TransactionBudget
 from mpbroker.records import Hello, Record
 from mpbroker.shm import (
@@ -88,6 +88,8 @@ class _Connection:
         self.peer = peer
         self.wake = trio.Event()
         self.last_received = time.monotonic()
+        # Rate-based flow: this producer's pace per destination while it is controlled.
+        self.rates: dict[str, RateFlow] = {}
 
     def notify(self) -> None:
         self.wake.set()
@@ -138,6 +140,7 @@ class Gateway:
         # SENDs held by flow control now, for the admin API: conn -> (destination, stop, since).
         self.held_sends: dict[_Connection, tuple[str, Stop, float]] = {}
         self.stats = StatsBlock.attach(layout.stats(spec.slot))
+        self.rate_for = rate_settings_for(self.config)
 
     # -- rings ---------------------------------------------------------------------------
 
@@ -368,7 +371,9 @@ class Gateway:
                 frames = []
             now = epoch_ms()
             for frame in frames:
-                stop = self._stop_for(session, frame)
+                # Rate-based flow slows a producer down instead of stopping it.
+                paced = await self._paced(conn, frame)
+                stop = None if paced else self._stop_for(session, frame)
                 if stop is not None:
                     # What came before it goes first; then it waits for room.
                     if session.routes:
@@ -395,6 +400,43 @@ class Gateway:
                 await self.route(session.routes)
             if session.out or session.closing or session.disconnecting:
                 conn.notify()
+
+    async def _paced(self, conn: _Connection, frame: Frame) -> bool:
+        """Rate-based flow (WebLogic): a SEND to a destination with `flow_control` waits
+        for its producer's turn at the current rate, which decays while the destination is
+        armed and recovers once it is not. True when the destination is rate-controlled."""
+        session = conn.session
+        if frame.command != "SEND" or not session.connected or "transaction" in frame.headers:
+            return False
+        destination = frame.headers.get("destination", "")
+        settings = self.rate_for(destination)
+        if settings is None:
+            return False
+        delay = self._pace(conn, destination, settings, frame.headers.get("persistent") == "true")
+        if delay > 0:
+            if session.routes:
+                await self.route(session.routes)  # what came before goes first
+            await trio.sleep(delay)
+        rate = conn.rates.get(destination)
+        if rate is not None:
+            rate.sent(trio.current_time())
+        return True
+
+    def _pace(
+        self, conn: _Connection, destination: str, settings: RateSettings, persistent: bool
+    ) -> float:
+        now = trio.current_time()
+        rate = conn.rates.get(destination)
+        if self.flow.stop_for(destination, persistent) is not None:
+            if rate is None:
+                rate = conn.rates[destination] = RateFlow(settings)
+            rate.arm(now)
+        elif rate is not None:
+            rate.disarm(now)
+            if rate.rate(now) is None:  # fully recovered: no longer controlled
+                del conn.rates[destination]
+                return 0.0
+        return rate.delay(now) if rate is not None else 0.0
 
     def _stop_for(self, session: GatewaySession, frame: Frame) -> Stop | None:
         if (

@@ -218,3 +218,28 @@ def test_destination_patterns_set_their_own_limits_and_send_timeout(
     client.send("SEND", {"destination": "/queue/small.one", "receipt": "s2"}, b"x")
     frames = client.recv_until_closed()  # refused at once: the table's send_timeout_ms 0
     assert frames[0].headers["message"] == "ResourceAllocation: /queue/small.one msg_high 2 reached"
+
+
+def test_rate_based_flow_slows_producers_of_an_armed_destination_instead_of_stopping_them(
+    start_broker: type[BrokerProcess], raw: RawFactory
+) -> None:
+    config = (
+        '[destinations."/queue/paced"]\nmsg_high = 5\nmsg_low = 2\nflow_control = true\n'
+        "flow_maximum = 20.0\nflow_minimum = 10.0\nflow_interval_s = 1.0\nflow_steps = 1\n"
+        "[flow]\nsend_timeout_ms = 0\n"  # would refuse at once if it were a stop
+    )
+    broker = start_broker("--gateways", "1", config=config)
+    client = raw(broker)
+    client.connect()
+    sent_at = []
+    for n in range(15):
+        client.send("SEND", {"destination": "/queue/paced", "receipt": str(n)}, b"x")
+        assert client.recv().command == "RECEIPT"  # never refused: slowed down
+        sent_at.append(time.monotonic())
+    # Armed after the 5th: the others went at 20/s at most, then 10/s.
+    paced = sent_at[-1] - sent_at[5]
+    assert paced >= 9 / 20 * 0.9, paced
+    consumer = raw(broker)
+    consumer.connect()
+    consumer.send("SUBSCRIBE", {"destination": "/queue/paced", "id": "c"})
+    assert len([consumer.recv() for _ in range(15)]) == 15

@@ -202,3 +202,18 @@ def test_arm_disarm_sequences_keep_the_rate_in_bounds(
             assert s.minimum * (1 - SLACK) <= rate <= s.maximum
         flow.sent(now)
         assert 0.0 <= flow.delay(now) <= 1.0 / s.minimum + SLACK
+
+
+def test_rate_settings_come_from_destination_tables_over_the_flow_defaults() -> None:
+    from mpbroker.config import config_from_mapping
+    from mpbroker.flow import rate_settings_for
+
+    config = config_from_mapping(
+        {
+            "flow": {"flow_maximum": 100.0, "flow_minimum": 5.0},
+            "destinations": {"/queue/slow.*": {"flow_control": True, "flow_steps": 4}},
+        }
+    )
+    settings_for = rate_settings_for(config)
+    assert settings_for("/queue/other") is None  # off by default
+    assert settings_for("/queue/slow.a") == RateSettings(100.0, 5.0, 60.0, 4)
