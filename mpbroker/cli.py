@@ -59,6 +59,12 @@ def cmd_config_show(args: argparse.Namespace) -> int:
         # A JSON string is a valid TOML basic string: quotes and backslashes escaped.
         rendered = json.dumps(value) if isinstance(value, str | bool) else str(value)
         print(f"{name} = {rendered}  # {doc}")
+    for quota in config.quotas:
+        print(f"\n[quotas.{json.dumps(quota.name)}]")
+        print(f"max_messages = {quota.max_messages}")
+        print(f"max_bytes = {quota.max_bytes}")
+        print(f"shared = {json.dumps(quota.shared)}")
+        print(f"policy = {json.dumps(quota.policy)}")
     for table in config.destinations:
         print(f"\n[destinations.{json.dumps(table.pattern)}]")
         for name, value in table.items():

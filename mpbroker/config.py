@@ -29,6 +29,7 @@ __all__ = [
     "DestinationSettings",
     "FlowSettings",
     "QueueSettings",
+    "QuotaConfig",
     "ReplaySettings",
     "RingSettings",
     "StompSettings",
@@ -373,6 +374,30 @@ class StoreFlowSettings:
     global_byte_low: int = _watermark(-1, "...and that let them go again")
 
 
+@dataclass(frozen=True, slots=True)
+class QuotaConfig:
+    """A named quota (WebLogic): [quotas.NAME]. Destinations name theirs with
+    `quota = "NAME"` in a [destinations] table; the others use the quota named "default"
+    when there is one."""
+
+    name: str
+    max_messages: int = _setting(-1, "messages the quota holds at most (-1 = no limit)", min=-1)
+    max_bytes: int = _setting(
+        -1, "message bytes the quota holds at most (-1 = no limit)", min=-1, size=True
+    )
+    shared: bool = _setting(
+        True, "destinations naming it compete for one quota (false: each gets its own)"
+    )
+    policy: str = _setting(
+        "fifo",
+        "fifo: waiting senders are served in arrival order; preemptive: a smaller message "
+        "may pass a larger one that does not fit",
+        choices=("fifo", "preemptive"),
+    )
+
+
+DEFAULT_QUOTA: Final = "default"
+
 # Settings a [destinations."<pattern>"] table may override, and the section whose setting
 # it overrides (documentation, allowed range).
 DESTINATION_KEYS: Final = {
@@ -391,6 +416,7 @@ DESTINATION_KEYS: Final = {
     "expiry_policy": "queues",
     "expiry_log_fields": "queues",
     "expiry_destination": "queues",
+    "quota": "quotas",
 }
 
 
@@ -415,6 +441,7 @@ class DestinationSettings:
     expiry_policy: str | None = None  # queues
     expiry_log_fields: str | None = None
     expiry_destination: str | None = None
+    quota: str | None = None  # the name of a [quotas.NAME] table
 
     def matches(self, destination: str) -> bool:
         return fnmatch.fnmatchcase(destination, self.pattern)
@@ -455,6 +482,15 @@ class Config:
     topic_store: StoreFlowSettings = field(default_factory=StoreFlowSettings)
     # [destinations."<pattern>"] tables, in file order: the first that matches wins.
     destinations: tuple[DestinationSettings, ...] = field(default=(), metadata={"tables": True})
+    # [quotas.NAME] tables.
+    quotas: tuple[QuotaConfig, ...] = field(default=(), metadata={"tables": True})
+
+    def send_timeout_ms(self, destination: str) -> int:
+        """How long a stopped SEND to `destination` waits before it is refused."""
+        table = self.destination(destination)
+        if table is not None and table.send_timeout_ms is not None:
+            return table.send_timeout_ms
+        return self.flow.send_timeout_ms
 
     def destination(self, name: str) -> DestinationSettings | None:
         """The settings table for a destination, or None when only defaults apply."""
@@ -471,6 +507,10 @@ class Config:
             name: dataclasses.asdict(getattr(self, name)) for name in _section_defaults()
         }
         merged["destinations"] = {t.pattern: dict(t.items()) for t in self.destinations}
+        merged["quotas"] = {
+            q.name: {k: v for k, v in dataclasses.asdict(q).items() if k != "name"}
+            for q in self.quotas
+        }
         merged.update(data)
         return config_from_mapping(merged)
 
@@ -550,6 +590,9 @@ def config_from_mapping(data: Mapping[str, Any]) -> Config:
         if name == "destinations":
             built[name] = _destination_tables(value)
             continue
+        if name == "quotas":
+            built[name] = _quota_tables(value)
+            continue
         if name not in sections:
             raise ConfigError(name, value, "unknown section; known: " + ", ".join(sections))
         if not isinstance(value, Mapping):
@@ -586,6 +629,11 @@ def _destination_tables(data: object) -> tuple[DestinationSettings, ...]:
                 raise ConfigError(
                     f"{where}.{key}", raw, "unknown setting; known: " + ", ".join(DESTINATION_KEYS)
                 )
+            if section == "quotas":
+                if not isinstance(raw, str) or not raw:
+                    raise ConfigError(f"{where}.{key}", raw, "must name a [quotas.NAME] table")
+                values[key] = raw
+                continue
             fields = {f.name: f for f in dataclasses.fields(defaults[section])}
             values[key] = _coerce(f"{where}.{key}", raw, fields[key])
         # Watermarks come in pairs: a high with the store's default low could contradict.
@@ -602,6 +650,49 @@ def _destination_tables(data: object) -> tuple[DestinationSettings, ...]:
                 )
         tables.append(DestinationSettings(pattern, **values))
     return tuple(tables)
+
+
+def _quota_tables(data: object) -> tuple[QuotaConfig, ...]:
+    if not isinstance(data, Mapping):
+        raise ConfigError("quotas", data, "must be tables: [quotas.NAME]")
+    fields = {f.name: f for f in dataclasses.fields(QuotaConfig) if f.name != "name"}
+    quotas = []
+    for name, table in data.items():
+        where = f"quotas.{name}"
+        if not isinstance(table, Mapping):
+            raise ConfigError(where, table, "must be a table of settings")
+        values: dict[str, Any] = {}
+        for key, raw in table.items():
+            if key not in fields:
+                raise ConfigError(
+                    f"{where}.{key}", raw, "unknown setting; known: " + ", ".join(fields)
+                )
+            values[key] = _coerce(f"{where}.{key}", raw, fields[key])
+        quotas.append(QuotaConfig(name, **values))
+    return tuple(quotas)
+
+
+def _check_quotas(config: Config) -> None:
+    names = {q.name for q in config.quotas}
+    for table in config.destinations:
+        if table.quota is not None and table.quota not in names:
+            raise ConfigError(
+                f'destinations."{table.pattern}".quota',
+                table.quota,
+                f"no [quotas.{table.quota}] table (known: {', '.join(sorted(names)) or 'none'})",
+            )
+    largest = config.stomp.max_frame_bytes
+    for quota in config.quotas:
+        if 0 <= quota.max_bytes < largest:
+            raise ConfigError(
+                f"quotas.{quota.name}.max_bytes",
+                quota.max_bytes,
+                f"below stomp.max_frame_bytes = {largest}: the largest message could never fit",
+            )
+        if quota.max_messages == 0:
+            raise ConfigError(
+                f"quotas.{quota.name}.max_messages", 0, "no message could ever fit (-1 = no limit)"
+            )
 
 
 def _check_consistency(config: Config) -> None:
@@ -643,6 +734,7 @@ def _check_consistency(config: Config) -> None:
     _check_flow(config)
     _check_expiry(config)
     _check_rate_flow(config)
+    _check_quotas(config)
     if config.stomp.max_header_bytes > config.stomp.max_frame_bytes:
         raise ConfigError(
             "stomp.max_header_bytes",

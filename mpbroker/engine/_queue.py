@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 import msgspec
 
 from mpbroker.config import QueueSettings
-from mpbroker.flow import DISCARD, ExpiryPolicy, FlowTracker, expired_log_line
+from mpbroker.flow import DISCARD, ExpiryPolicy, FlowTracker, QuotaBook, expired_log_line
 from mpbroker.records import (
     ACK_AUTO,
     Deliver,
@@ -84,6 +84,10 @@ class QueueEngine(Engine):
         # against its watermarks. The worker sends the changes to the gateways.
         self.flow_volatile: FlowTracker | None = None
         self.flow_persistent: FlowTracker | None = None
+        # Named quotas: messages leaving give room back; the senders it lets in are
+        # collected here for the worker (it holds their SENDs).
+        self.quotas: QuotaBook | None = None
+        self.quota_granted: list[int] = []
 
     # -- producers -----------------------------------------------------------------------
 
@@ -120,6 +124,8 @@ class QueueEngine(Engine):
         (default: its destination), past the limits: it was admitted once already."""
         if not message.size:
             message.size = message_size(message)
+        if self.quotas is not None:
+            self.quotas.take(queue or message.destination, 1, message.size)
         self._enqueue(message, queue)
 
     def _enqueue(self, message: Message, queue_name: str = "") -> None:
@@ -284,6 +290,8 @@ class QueueEngine(Engine):
         dead letter is never refused or dropped)."""
         for message in messages:
             message.size = message_size(message)
+            if self.quotas is not None:
+                self.quotas.take(message.destination, 1, message.size)
             self._enqueue(message)
 
     def _forget(self, queue: _Queue, messages: list[Message], *, expired: bool = False) -> None:
@@ -295,6 +303,9 @@ class QueueEngine(Engine):
         refs.extend((queue.name, m.seq) for m in messages if m.seq)
 
     def _flow_left(self, queue: _Queue, messages: list[Message]) -> None:
+        if self.quotas is not None and messages:
+            size = sum(m.size for m in messages)
+            self.quota_granted += self.quotas.release(queue.name, len(messages), size)
         for flow, persistent in ((self.flow_volatile, False), (self.flow_persistent, True)):
             if flow is None:
                 continue

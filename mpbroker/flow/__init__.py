@@ -30,6 +30,7 @@ from ._expiry import (
 from ._gate import (
     STORE_LIVE,
     STORE_PERSISTENT_QUEUES,
+    STORE_QUOTAS,
     STORE_TOPICS,
     STORE_VOLATILE_QUEUES,
     FlowGate,
@@ -43,7 +44,7 @@ from ._limits import (
     destination_limits,
     store_limits,
 )
-from ._quota import NO_LIMIT, Quota, QuotaPolicy, QuotaSettings
+from ._quota import NO_LIMIT, Quota, QuotaBook, QuotaPolicy, QuotaSettings
 from ._rate import RateFlow, RateSettings, rate_settings_for
 from ._watermark import OFF, Level, Watermark
 
@@ -56,6 +57,7 @@ __all__ = [
     "OFF",
     "STORE_LIVE",
     "STORE_PERSISTENT_QUEUES",
+    "STORE_QUOTAS",
     "STORE_TOPICS",
     "STORE_VOLATILE_QUEUES",
     "ExpiryPolicy",
@@ -64,6 +66,7 @@ __all__ = [
     "FlowTracker",
     "Level",
     "Quota",
+    "QuotaBook",
     "QuotaPolicy",
     "QuotaSettings",
     "RateFlow",

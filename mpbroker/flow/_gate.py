@@ -16,6 +16,7 @@ from mpbroker.routing import Topology, UnknownDestination, parse_destination
 __all__ = [
     "STORE_LIVE",
     "STORE_PERSISTENT_QUEUES",
+    "STORE_QUOTAS",
     "STORE_TOPICS",
     "STORE_VOLATILE_QUEUES",
     "FlowGate",
@@ -27,6 +28,7 @@ STORE_VOLATILE_QUEUES: Final = "vol_queue_store"
 STORE_PERSISTENT_QUEUES: Final = "pers_queue_store"
 STORE_TOPICS: Final = "topic_store"
 STORE_LIVE: Final = "topics"  # the topic live buffer: slow subscribers
+STORE_QUOTAS: Final = "quotas"  # named quotas: senders wait in the owner
 
 # (pipeline, store, destination or "" for the whole store)
 _Key = tuple[int, str, str]
@@ -75,6 +77,7 @@ class FlowGate:
         if kind == "queue":
             stores: tuple[str, ...] = (
                 STORE_PERSISTENT_QUEUES if persistent else STORE_VOLATILE_QUEUES,
+                STORE_QUOTAS,
             )
         else:
             stores = (STORE_LIVE, STORE_TOPICS) if persistent else (STORE_LIVE,)

@@ -20,7 +20,9 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
-__all__ = ["NO_LIMIT", "Quota", "QuotaPolicy", "QuotaSettings"]
+from mpbroker.config import DEFAULT_QUOTA, Config
+
+__all__ = ["NO_LIMIT", "Quota", "QuotaBook", "QuotaPolicy", "QuotaSettings"]
 
 NO_LIMIT = -1  # for QuotaSettings.max_messages / max_bytes
 
@@ -112,6 +114,13 @@ class Quota:
             return []
         return self._grant()
 
+    def take(self, messages: int, nbytes: int) -> None:
+        """Count messages that are there already (recovered from the store after a
+        restart, dead-letter copies): they take room without asking for it."""
+        _check_amounts(self.settings.name, messages, nbytes)
+        self._messages += messages
+        self._bytes += nbytes
+
     def fits_ever(self, messages: int, nbytes: int) -> bool:
         """False when the amounts exceed the quota itself: such a send is refused at once."""
         s = self.settings
@@ -153,3 +162,100 @@ class Quota:
 def _check_amounts(name: str, messages: int, nbytes: int) -> None:
     if messages < 0 or nbytes < 0:
         raise ValueError(f"quota {name}: negative amount: {messages} messages, {nbytes} bytes")
+
+
+class QuotaBook:
+    """Which quota each destination draws on ([destinations] `quota`, else the quota named
+    "default" if there is one), the quotas themselves (one per name when shared, one per
+    destination otherwise), and which waiting ticket belongs to which."""
+
+    def __init__(self, config: Config) -> None:
+        self.config = config
+        self.settings = {
+            q.name: QuotaSettings(
+                q.name, q.max_messages, q.max_bytes, q.shared, QuotaPolicy(q.policy)
+            )
+            for q in config.quotas
+        }
+        self._quotas: dict[str, Quota] = {}
+        self._names: dict[str, str | None] = {}
+        self._waiting: dict[int, str] = {}  # ticket -> quota key
+
+    def name(self, destination: str) -> str | None:
+        """The quota `destination` draws on, or None."""
+        if destination in self._names:
+            return self._names[destination]
+        table = self.config.destination(destination)
+        name = table.quota if table is not None and table.quota else None
+        if name is None and DEFAULT_QUOTA in self.settings:
+            name = DEFAULT_QUOTA
+        if len(self._names) < 100_000:
+            self._names[destination] = name
+        return name
+
+    def _quota(self, destination: str) -> tuple[str, Quota] | None:
+        name = self.name(destination)
+        if name is None:
+            return None
+        settings = self.settings[name]
+        key = name if settings.shared else f"{name}\0{destination}"
+        quota = self._quotas.get(key)
+        if quota is None:
+            quota = self._quotas[key] = Quota(settings)
+        return key, quota
+
+    def fits_ever(self, destination: str, nbytes: int) -> bool:
+        found = self._quota(destination)
+        return found is None or found[1].fits_ever(1, nbytes)
+
+    def request(self, ticket: int, destination: str, nbytes: int) -> bool:
+        """True: one message of `nbytes` may go in now (counted). False: `ticket` waits."""
+        found = self._quota(destination)
+        if found is None:
+            return True
+        key, quota = found
+        if quota.request(ticket, 1, nbytes):
+            return True
+        self._waiting[ticket] = key
+        return False
+
+    def take(self, destination: str, messages: int, nbytes: int) -> None:
+        found = self._quota(destination)
+        if found is not None:
+            found[1].take(messages, nbytes)
+
+    def release(self, destination: str, messages: int, nbytes: int) -> list[int]:
+        """Messages left `destination`; the waiting tickets granted now."""
+        found = self._quota(destination)
+        if found is None:
+            return []
+        key, quota = found
+        return self._granted(key, quota, quota.release(messages, nbytes))
+
+    def cancel(self, ticket: int) -> list[int]:
+        """A waiting sender gave up; the tickets granted because of it."""
+        key = self._waiting.pop(ticket, None)
+        if key is None:
+            return []
+        quota = self._quotas[key]
+        return self._granted(key, quota, quota.cancel(ticket))
+
+    def describe(self, destination: str) -> str:
+        """The quota's limits, as a stopped producer is told them."""
+        name = self.name(destination)
+        if name is None:
+            return ""
+        s = self.settings[name]
+        limits = [
+            f"{k} {v}"
+            for k, v in (("max_messages", s.max_messages), ("max_bytes", s.max_bytes))
+            if v != NO_LIMIT
+        ]
+        return f"quota {name} {', '.join(limits)}"
+
+    def _granted(self, key: str, quota: Quota, granted: list[int]) -> list[int]:
+        for ticket in granted:
+            self._waiting.pop(ticket, None)
+        if "\0" in key and quota.used == (0, 0) and not quota.waiting:
+            del self._quotas[key]  # a destination's own quota, idle: forget it
+        return granted

@@ -235,7 +235,7 @@ class Gateway:
         destination = frame.headers.get("destination", "")
         persistent = frame.headers.get("persistent") == "true"
         current: Stop | None = stop
-        with trio.move_on_after(self._send_timeout_ms(destination) / 1000):
+        with trio.move_on_after(self.config.send_timeout_ms(destination) / 1000):
             while current is not None:
                 await self.flow_changed.wait()
                 current = self.flow.stop_for(destination, persistent)
@@ -449,15 +449,9 @@ class Gateway:
         destination = frame.headers.get("destination", "")
         return self.flow.stop_for(destination, frame.headers.get("persistent") == "true")
 
-    def _send_timeout_ms(self, destination: str) -> int:
-        table = self.config.destination(destination)
-        if table is not None and table.send_timeout_ms is not None:
-            return table.send_timeout_ms
-        return self.config.flow.send_timeout_ms
-
     def _refuse_stopped(self, conn: _Connection, frame: Frame, stop: Stop) -> None:
         destination = frame.headers.get("destination", "")
-        timeout = self._send_timeout_ms(destination)
+        timeout = self.config.send_timeout_ms(destination)
         where = f"{stop.store}.{stop.reason.split(' ')[0]}"
         message = f"ResourceAllocation: {destination} {stop.reason} reached"
         detail = (

@@ -7,6 +7,7 @@ publish per gateway per batch, and parks on its doorbell when there is nothing t
 
 from __future__ import annotations
 
+import itertools
 import logging
 import os
 import signal
@@ -21,8 +22,10 @@ from mpbroker.engine import Engine, Outbox, QueueEngine, TopicEngine
 from mpbroker.flow import (
     STORE_LIVE,
     STORE_PERSISTENT_QUEUES,
+    STORE_QUOTAS,
     STORE_VOLATILE_QUEUES,
     FlowTracker,
+    QuotaBook,
     Watermark,
     destination_limits,
     expiry_policies,
@@ -33,11 +36,13 @@ from mpbroker.records import (
     FlowState,
     Hello,
     PipelineHello,
+    Refuse,
     Registered,
     ReplayBatch,
     ReplayHello,
     Send,
     Subscribe,
+    message_size,
 )
 from mpbroker.shm import (
     STATE_READY,
@@ -135,6 +140,12 @@ class Pipeline:
         # Flow control: the store limits this worker watches, by config section.
         self.flow_trackers: list[tuple[str, FlowTracker]] = []
         self.topic_engine: TopicEngine | None = None
+        # Named quotas (p2p): SENDs waiting for room, by ticket, in arrival order, with
+        # their deadline; and the destinations whose producers the gateways hold meanwhile.
+        self.quotas: QuotaBook | None = None
+        self.quota_held: dict[int, tuple[int, Send, int]] = {}
+        self.quota_tickets = itertools.count(1)
+        self.quota_stops: dict[str, str] = {}
         if spec.role == "p2p":
             engine = QueueEngine(config.queues, spec.index, self.outbox)
             engine.flow_volatile = FlowTracker(
@@ -153,6 +164,8 @@ class Pipeline:
             engine.expiry_for = expiry_policies(
                 config, owns=lambda queue: topology.owner(queue) == spec.index
             )
+            if config.quotas:
+                self.quotas = engine.quotas = QuotaBook(config)
             store = MessageStore.open(store_directory(config, "p2p", spec.index), config.store)
             self.persistence = QueuePersistence(store, engine, self.outbox, config)
             self.engine = self.queue_engine = engine
@@ -223,6 +236,8 @@ class Pipeline:
         elif self.persistence is not None:
             self.persistence.commit_if_due()
             self.persistence.write_back()
+            if self.quotas is not None:
+                self._quota_step(self.quotas)
         self.flush()
         return busy
 
@@ -243,13 +258,20 @@ class Pipeline:
         durables.persistence.write_back(self.queue_engine)
         return bool(batch)
 
-    def _handle(self, gateway: int, record: records.Record) -> None:
+    def _handle(self, gateway: int, record: records.Record, *, reserved: bool = False) -> None:
         if self.durables is not None:
             if isinstance(record, Barrier):
                 # A barrier answers for every earlier frame: commit those first.
                 self.durables.persistence.commit()
             self.durables.handle(gateway, record)
             return
+        if (
+            self.quotas is not None
+            and not reserved
+            and isinstance(record, Send)
+            and not self._reserve(self.quotas, gateway, record)
+        ):
+            return  # it waits for room in its quota
         if self.persistence is not None:
             if isinstance(record, Barrier):
                 self.persistence.commit()
@@ -257,6 +279,67 @@ class Pipeline:
                 self.persistence.offer(gateway, record)  # the engine gets it once stored
                 return
         self.engine.handle(gateway, record)
+
+    def _reserve(self, quotas: QuotaBook, gateway: int, record: Send) -> bool:
+        """Room for a SEND in its destination's quota: True if it may go on now; else it
+        waits here (at most its send timeout) or, if it can never fit, is refused."""
+        message = record.message
+        message.size = message_size(message)
+        destination = message.destination
+        if not quotas.fits_ever(destination, message.size):
+            self.outbox.add(
+                gateway,
+                Refuse(
+                    record.conn,
+                    f"ResourceAllocation: {destination} {quotas.describe(destination)}: "
+                    f"a {message.size}-byte message can never fit",
+                    "The message was not accepted.",
+                    record.receipt,
+                ),
+            )
+            return False
+        ticket = next(self.quota_tickets)
+        if quotas.request(ticket, destination, message.size):
+            return True
+        deadline = epoch_ms() + self.spec.config.send_timeout_ms(destination)
+        self.quota_held[ticket] = (gateway, record, deadline)
+        return False
+
+    def _quota_step(self, quotas: QuotaBook) -> None:
+        """Let in the SENDs their quota has room for now; refuse those whose send timeout
+        passed; stop and release the producers of destinations with waiting senders."""
+        engine = self.queue_engine
+        granted, engine.quota_granted = engine.quota_granted, []
+        now = epoch_ms()
+        for ticket, (gateway, record, deadline) in list(self.quota_held.items()):
+            if now < deadline:
+                continue
+            del self.quota_held[ticket]
+            granted += quotas.cancel(ticket)
+            destination = record.message.destination
+            timeout = self.spec.config.send_timeout_ms(destination)
+            self.outbox.add(
+                gateway,
+                Refuse(
+                    record.conn,
+                    f"ResourceAllocation: {destination} {quotas.describe(destination)} reached",
+                    f"The message was not accepted: it waited send_timeout_ms {timeout} for "
+                    "room in the quota.",
+                    record.receipt,
+                ),
+            )
+        for ticket in granted:
+            held = self.quota_held.pop(ticket, None)
+            if held is not None:
+                self._handle(held[0], held[1], reserved=True)
+        waiting = {record.message.destination for _, record, _ in self.quota_held.values()}
+        index = self.spec.index
+        for destination in waiting - self.quota_stops.keys():
+            reason = self.quota_stops[destination] = quotas.describe(destination)
+            self._announce(FlowState(index, STORE_QUOTAS, destination, reason))
+        for destination in self.quota_stops.keys() - waiting:
+            del self.quota_stops[destination]
+            self._announce(FlowState(index, STORE_QUOTAS, destination, ""))
 
     def _expiry(self, now_ms: int) -> None:
         """Keep the queue engine's clock, and scan for expired messages on schedule."""
@@ -293,6 +376,10 @@ class Pipeline:
                 FlowState(index, STORE_LIVE, topic, reason)
                 for topic, reason in self.topic_engine.live_stops().items()
             ]
+        states += [
+            FlowState(index, STORE_QUOTAS, destination, reason)
+            for destination, reason in self.quota_stops.items()
+        ]
         return states
 
     def _announce_flow_changes(self) -> None:
@@ -310,13 +397,16 @@ class Pipeline:
             ]
             self.topic_engine.flow_changes.clear()
         for state in states:
-            what = state.destination or f"every destination ({state.store})"
-            if state.reason:
-                log.info("flow: producers to %s stopped: %s reached", what, state.reason)
-            else:
-                log.info("flow: producers to %s may go again", what)
-            for gateway in range(len(self.outlets)):
-                self.outbox.add(gateway, state)
+            self._announce(state)
+
+    def _announce(self, state: FlowState) -> None:
+        what = state.destination or f"every destination ({state.store})"
+        if state.reason:
+            log.info("flow: producers to %s stopped: %s reached", what, state.reason)
+        else:
+            log.info("flow: producers to %s may go again", what)
+        for gateway in range(len(self.outlets)):
+            self.outbox.add(gateway, state)
 
     def flush(self) -> None:
         self._announce_flow_changes()

@@ -243,3 +243,63 @@ def test_rate_based_flow_slows_producers_of_an_armed_destination_instead_of_stop
     consumer.connect()
     consumer.send("SUBSCRIBE", {"destination": "/queue/paced", "id": "c"})
     assert len([consumer.recv() for _ in range(15)]) == 15
+
+
+def test_a_shared_quota_holds_senders_to_any_of_its_queues_until_room_comes_back(
+    start_broker: type[BrokerProcess], raw: RawFactory
+) -> None:
+    config = (
+        '[quotas.orders]\nmax_messages = 4\n[destinations."/queue/orders.*"]\nquota = "orders"\n'
+        "[flow]\nsend_timeout_ms = 60000\n"
+    )
+    broker = start_broker("--gateways", "1", config=config)
+    first = raw(broker)
+    first.connect()
+    for n, queue in enumerate(["orders.eu", "orders.eu", "orders.us", "orders.us"]):
+        first.send("SEND", {"destination": f"/queue/{queue}", "receipt": str(n)}, b"x")
+        assert first.recv().command == "RECEIPT"
+    waiting = Producer(broker, "/queue/orders.eu", 1)  # the quota is full: it waits
+    waiting.start()
+    try:
+        waiting.stays_at(0)
+        other = Producer(broker, "/queue/unrelated", 3)  # no quota: not held
+        other.start()
+        other.wait_for(3)
+        other.finish()
+        consumer = raw(broker)
+        consumer.connect()
+        consumer.send(
+            "SUBSCRIBE", {"destination": "/queue/orders.us", "id": "c", "ack": "client-individual"}
+        )
+        frame = consumer.recv()
+        waiting.stays_at(0)  # delivered, not yet acknowledged: still in the quota
+        consumer.send("ACK", {"id": frame.headers["ack"]})
+        waiting.wait_for(1)
+    finally:
+        waiting.finish()
+    assert not waiting.error
+
+
+def test_a_sender_that_waits_longer_than_its_send_timeout_for_a_quota_is_refused(
+    start_broker: type[BrokerProcess], raw: RawFactory
+) -> None:
+    config = (
+        "[quotas.default]\nmax_messages = 1\n"  # every destination without its own quota
+        "[flow]\nsend_timeout_ms = 300\n"
+    )
+    broker = start_broker("--gateways", "1", config=config)
+    client = raw(broker)
+    client.connect()
+    client.send("SEND", {"destination": "/queue/one", "receipt": "a"}, b"kept")
+    assert client.recv().command == "RECEIPT"
+    client.send("SEND", {"destination": "/queue/two", "receipt": "b"}, b"refused")
+    frames = client.recv_until_closed()
+    assert frames[0].headers["message"] == (
+        "ResourceAllocation: /queue/two quota default max_messages 1 reached"
+    )
+    assert frames[0].headers["receipt-id"] == "b"
+    consumer = raw(broker)
+    consumer.connect()
+    consumer.send("SUBSCRIBE", {"destination": "/queue/two", "id": "c"})
+    with pytest.raises(AssertionError):
+        consumer.recv(timeout=0.5)  # the refused message was never accepted

@@ -205,3 +205,31 @@ def test_quota_invariants(
             # Nobody waits who would fit now.
             for t in waiting:
                 assert not q.fits_ever(sizes[t][0] + used[0], sizes[t][1] + used[1])
+
+
+def test_the_book_gives_shared_quotas_one_instance_and_the_others_one_per_destination() -> None:
+    from mpbroker.config import config_from_mapping
+    from mpbroker.flow import QuotaBook
+
+    config = config_from_mapping(
+        {
+            "quotas": {
+                "shared": {"max_messages": 2},
+                "own": {"max_messages": 1, "shared": False},
+                "default": {"max_messages": 1},
+            },
+            "destinations": {
+                "/queue/s.*": {"quota": "shared"},
+                "/queue/o.*": {"quota": "own"},
+            },
+        }
+    )
+    book = QuotaBook(config)
+    assert book.request(1, "/queue/s.a", 10) and book.request(2, "/queue/s.b", 10)
+    assert not book.request(3, "/queue/s.a", 10)  # the shared one is full
+    assert book.request(4, "/queue/o.a", 10) and book.request(5, "/queue/o.b", 10)  # own each
+    assert book.name("/queue/anything") == "default"
+    assert book.describe("/queue/s.a") == "quota shared max_messages 2"
+    assert book.release("/queue/s.b", 1, 10) == [3]  # room in the shared quota: 3 goes in
+    assert not book.request(6, "/queue/o.a", 10)
+    assert book.cancel(6) == [] and book.release("/queue/o.a", 1, 10) == []
