@@ -180,6 +180,9 @@ class MessageStore:
         self._appends = 0
         self._append_transactions = 0
         self._settles = 0
+        # Told (destination, size) of every message it settles: flow control's counts of
+        # what a topic store holds per destination.
+        self.on_settled: Callable[[list[tuple[str, int]]], None] | None = None
 
     # -- opening ------------------------------------------------------------------------------
 
@@ -345,13 +348,35 @@ class MessageStore:
                 owned[seq] = seg
         if not owned:
             return
+        settled = self._describe(owned) if self.on_settled is not None else []
         active = self._ensure_active()
         self._write(active, "settle", [(_INSERT_SETTLEMENT, [(s, outcome, at_ms) for s in owned])])
+        if self.on_settled is not None:
+            self.on_settled(settled)
         for seq, seg in owned.items():
             seg.live.discard(seq)
             self._deliveries.pop(seq, None)
         self._settles += len(owned)
         self._retire_settled()
+
+    def _describe(self, owned: dict[int, Segment]) -> list[tuple[str, int]]:
+        """(destination, size) of messages about to be settled, for `on_settled`."""
+        by_segment: dict[Segment, list[int]] = {}
+        for seq, seg in owned.items():
+            by_segment.setdefault(seg, []).append(seq)
+        found: list[tuple[str, int]] = []
+        for seg, seqs in by_segment.items():
+            for start in range(0, len(seqs), 500):
+                part = seqs[start : start + 500]
+                marks = ",".join("?" * len(part))
+                try:
+                    rows = seg.conn.execute(
+                        f"SELECT destination, size FROM messages WHERE seq IN ({marks})", part
+                    ).fetchall()
+                except sqlite3.Error as exc:
+                    raise StoreError(seg.path, "settle", sqlite_detail(exc)) from exc
+                found += rows
+        return found
 
     def record_delivery(self, seqs: Sequence[int]) -> None:
         """Count one more delivery attempt that came back for each live seq (persistently)."""

@@ -32,6 +32,7 @@ import msgspec
 from mpbroker.clock import epoch_ms
 from mpbroker.config import Config
 from mpbroker.engine import ConsumerKey, Outbox, QueueEngine, StoredRef, TopicEngine
+from mpbroker.flow import FlowTracker
 from mpbroker.records import (
     Ack,
     ConnClosed,
@@ -48,6 +49,7 @@ from mpbroker.records import (
     Send,
     Subscribe,
     Unsubscribe,
+    message_size,
 )
 from mpbroker.stores import CommitBuffer, StoreError, TopicStore
 
@@ -213,6 +215,8 @@ class Durables:
         self.redeliver_below = 0
         self.last_stored = 0  # the highest seq stored so far
         self.max_live = config.topics.max_pending_messages
+        # Flow control's count of what the topic store holds per topic (set by the worker).
+        self.flow: FlowTracker | None = None
         self.low_water = config.replay.replay_messages // 2
 
     # -- start-up ------------------------------------------------------------------------
@@ -226,6 +230,11 @@ class Durables:
         orphans = self.store.recover(epoch_ms())
         self.last_stored = max(self.store.messages.live_seqs(), default=0)
         self.redeliver_below = self.last_stored + 1
+        if self.flow is not None:
+            # What the store holds per topic, from index rows only (no bodies read).
+            for stored in self.store.messages.live(full=0):
+                self.flow.add(stored.message.destination, 1, stored.message.size)
+            self.store.messages.on_settled = self._settled_in_store
         # Our predecessor's places in the replay worker are ours to give back.
         self.to_replay.append(ReplayRelease(self.pipeline))
         return orphans
@@ -240,6 +249,12 @@ class Durables:
             }
             for d in sorted(self.subs.values(), key=lambda d: d.name)
         ]
+
+    def _settled_in_store(self, rows: list[tuple[str, int]]) -> None:
+        """Stored messages every subscription is done with left the store."""
+        if self.flow is not None:
+            for destination, size in rows:
+                self.flow.remove(destination, 1, size)
 
     # -- records -------------------------------------------------------------------------
 
@@ -314,6 +329,7 @@ class Durables:
             self.topics.handle(gateway, record)
             return
         if message.persistent:
+            message.size = message.size or message_size(message)
             # Live non-durable subscribers now; the receipt once the store has it.
             self.topics.handle(gateway, msgspec.structs.replace(record, receipt=""))
             self.persistence.offer(gateway, record, tuple(sorted(names)))
@@ -339,6 +355,8 @@ class Durables:
     def _stored(self, record: Send, names: tuple[str, ...], seq: int) -> None:
         """A persistent message is in the store: live subscribers get it now."""
         self.last_stored = seq
+        if self.flow is not None:
+            self.flow.add(record.message.destination, 1, record.message.size)
         for name in names:
             d = self.subs.get(name)
             if d is not None and d.consumer is not None and not d.replaying:

@@ -23,6 +23,7 @@ from mpbroker.flow import (
     STORE_LIVE,
     STORE_PERSISTENT_QUEUES,
     STORE_QUOTAS,
+    STORE_TOPICS,
     STORE_VOLATILE_QUEUES,
     FlowTracker,
     QuotaBook,
@@ -181,6 +182,10 @@ class Pipeline:
             self.durables = Durables(
                 topic_store, topics, queues, self.outbox, config, spec.index, spec.incarnation
             )
+            self.durables.flow = FlowTracker(
+                store_limits(config.topic_store), destination_limits(config, STORE_TOPICS)
+            )
+            self.flow_trackers = [(STORE_TOPICS, self.durables.flow)]
             self.engine = self.topic_engine = topics
             self.queue_engine = queues
             batches = Ring.attach(layout.from_replay(spec.index))

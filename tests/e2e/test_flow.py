@@ -303,3 +303,45 @@ def test_a_sender_that_waits_longer_than_its_send_timeout_for_a_quota_is_refused
     consumer.send("SUBSCRIBE", {"destination": "/queue/two", "id": "c"})
     with pytest.raises(AssertionError):
         consumer.recv(timeout=0.5)  # the refused message was never accepted
+
+
+def test_a_topic_store_limit_stops_persistent_publishers_until_durable_subscribers_ack(
+    start_broker: type[BrokerProcess], raw: RawFactory
+) -> None:
+    config = "[topic_store]\nmsg_high = 5\nmsg_low = 2\n[flow]\nsend_timeout_ms = 300\n"
+    broker = start_broker("--gateways", "1", config=config)
+    durable_sub = {
+        "destination": "/topic/kept",
+        "id": "d",
+        "ack": "client-individual",
+        "activemq.subscriptionName": "d",
+        "receipt": "sub",
+    }
+    subscriber = raw(broker)
+    subscriber.connect(**{"client-id": "app"})
+    subscriber.send("SUBSCRIBE", durable_sub)
+    assert subscriber.recv().command == "RECEIPT"
+    subscriber.send("DISCONNECT", {"receipt": "bye"})
+    assert subscriber.recv().command == "RECEIPT"
+    producer = raw(broker)
+    producer.connect()
+    headers = {"destination": "/topic/kept", "persistent": "true"}
+    for n in range(5):
+        producer.send("SEND", {**headers, "receipt": str(n)}, b"m%d" % n)
+        assert producer.recv().command == "RECEIPT"
+    producer.send("SEND", {**headers, "receipt": "6"}, b"refused")
+    frames = producer.recv_until_closed()
+    assert frames[0].headers["message"] == "ResourceAllocation: /topic/kept msg_high 5 reached"
+    # The subscriber comes back and acknowledges three: 2 left, the low watermark.
+    back = raw(broker)
+    back.connect(**{"client-id": "app"})
+    back.send("SUBSCRIBE", durable_sub)
+    assert back.recv().command == "RECEIPT"
+    for _ in range(3):
+        frame = back.recv()
+        back.send("ACK", {"id": frame.headers["ack"]})
+    broker.wait_for_log(r"producers to /topic/kept may go again")
+    again = raw(broker)
+    again.connect()
+    again.send("SEND", {**headers, "receipt": "7"}, b"accepted")
+    assert again.recv().command == "RECEIPT"

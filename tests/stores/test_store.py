@@ -387,3 +387,17 @@ def test_encoding_round_trips_through_every_read_path(tmp_path: Path) -> None:
         # Paged index entries keep it too (what the queue engine's own paging keeps).
         assert [m.message.encoding for m in store.live(full=1)] == ["zstd", "", "zstd"]
         assert store.live(full=3) == whole
+
+
+def test_on_settled_names_the_destination_and_size_of_each_message_it_settles(
+    tmp_path: Path,
+) -> None:
+    told: list[tuple[str, int]] = []
+    first = msgspec.structs.replace(msg(1), destination="/topic/a")
+    second = msgspec.structs.replace(msg(2), destination="/topic/b")
+    with open_store(tmp_path) as store:
+        store.on_settled = told.extend
+        seqs = store.append([first, second])
+        store.settle([seqs[1], 999], "acked", 5)
+        store.settle([seqs[1]], "acked", 6)  # already settled: not told again
+        assert told == [("/topic/b", message_size(second))]
