@@ -41,7 +41,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
     config = _apply_overrides(load_config(args.config), args)
     setproctitle("mpbroker: supervisor")
     setup_logging("supervisor", config.broker.log_level)
-    return serve(config)
+    # SIGHUP reads the same file again, with the same command-line overrides.
+    reload_source = (
+        (lambda: _apply_overrides(load_config(args.config), args)) if args.config else None
+    )
+    return serve(config, reload_source)
 
 
 def cmd_config_show(args: argparse.Namespace) -> int:

@@ -41,6 +41,7 @@ __all__ = [
     "iter_settings",
     "load_config",
     "parse_size",
+    "reload_flow_settings",
 ]
 
 KiB = 1024
@@ -650,6 +651,39 @@ def _destination_tables(data: object) -> tuple[DestinationSettings, ...]:
                 )
         tables.append(DestinationSettings(pattern, **values))
     return tuple(tables)
+
+
+# What SIGHUP reloads: flow control's settings. Everything else needs a restart.
+RELOADABLE_SECTIONS: Final = ("flow", "vol_queue_store", "pers_queue_store", "topic_store")
+RELOADABLE_FIELDS: Final = {
+    "topics": ("live_msg_high", "live_msg_low"),
+    "queues": ("expiry_policy", "expiry_log_fields", "expiry_destination"),
+}
+
+
+def reload_flow_settings(old: Config, new: Config) -> tuple[Config, list[str]]:
+    """`old` with the flow settings of `new` (validated together), and the settings that
+    changed but only take effect after a restart."""
+    changes: dict[str, Any] = {}
+    ignored: list[str] = []
+    for section in _sections():
+        name = section.name
+        before, after = getattr(old, name), getattr(new, name)
+        if name in RELOADABLE_SECTIONS:
+            changes[name] = after
+            continue
+        keep = RELOADABLE_FIELDS.get(name, ())
+        changes[name] = dataclasses.replace(before, **{k: getattr(after, k) for k in keep})
+        ignored += [
+            f"{name}.{f.name}"
+            for f in dataclasses.fields(before)
+            if f.name not in keep and getattr(before, f.name) != getattr(after, f.name)
+        ]
+    if old.quotas != new.quotas:
+        ignored.append("quotas")
+    effective = Config(**changes, destinations=new.destinations, quotas=old.quotas)
+    _check_consistency(effective)
+    return effective, ignored
 
 
 def _quota_tables(data: object) -> tuple[QuotaConfig, ...]:

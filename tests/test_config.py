@@ -453,3 +453,24 @@ def test_rate_flow_minimum_above_maximum_is_refused() -> None:
         config_from_mapping({"destinations": {"/queue/x": {"flow_minimum": 1000.0}}})
     assert info.value.key == 'destinations."/queue/x".flow_minimum'
     assert "must not exceed flow_maximum = 500.0" in str(info.value)
+
+
+def test_a_reload_takes_the_flow_settings_and_names_what_needs_a_restart() -> None:
+    from mpbroker.config import reload_flow_settings
+
+    old = config_from_mapping({"vol_queue_store": {"msg_high": 3, "msg_low": 1}})
+    new = config_from_mapping(
+        {
+            "vol_queue_store": {"msg_high": 10, "msg_low": 5},
+            "topics": {"live_msg_high": 100, "live_msg_low": 50, "prefetch": 7},
+            "destinations": {"/queue/x": {"send_timeout_ms": 0}},
+            "broker": {"gateways": 4},
+        }
+    )
+    effective, ignored = reload_flow_settings(old, new)
+    assert effective.vol_queue_store.msg_high == 10
+    assert effective.topics.live_msg_high == 100
+    assert effective.destinations == new.destinations
+    assert effective.topics.prefetch == old.topics.prefetch  # needs a restart
+    assert effective.broker == old.broker
+    assert sorted(ignored) == ["broker.gateways", "topics.prefetch"]

@@ -117,6 +117,16 @@ class TopicEngine(Engine):
             self.flow_changes.append(FlowChange(topic, ""))
             del self.live_levels[topic]
 
+    def reconfigure_live(self, mark: Watermark, mark_for: Callable[[str], Watermark]) -> None:
+        """New live-buffer watermarks (a configuration reload): topics are judged again."""
+        self.live_mark = mark
+        self.live_mark_for = mark_for
+        for topic, level in list(self.live_levels.items()):
+            level.mark = mark_for(topic)
+            self._check_live(topic)
+        for topic in self.topics:
+            self._check_live(topic)
+
     def live_stops(self) -> dict[str, str]:
         """Topics whose publishers are stopped now, and why."""
         return {topic: level.reason for topic, level in self.live_levels.items() if level.armed}

@@ -197,10 +197,31 @@ class FlowTracker:
             and not entry.byte_level.armed
         ):
             del self._entries[destination]
+        self._settle_global()
+
+    def _settle_global(self) -> None:
         msg_changed = self._global_msg.update(self._total_messages) is not None
         byte_changed = self._global_byte.update(self._total_bytes) is not None
         if msg_changed or byte_changed:
             self._set(GLOBAL, _reason(self._global_msg, self._global_byte))
+
+    def reconfigure(
+        self,
+        limits: StoreLimits,
+        destination_limits: Callable[[str], StoreLimits] | None = None,
+    ) -> None:
+        """New watermarks (a configuration reload): every destination is judged again
+        by them, and the resulting stops and releases show up in `changes`."""
+        self.limits = limits
+        self.destination_limits = destination_limits
+        self._global_msg.mark = limits.global_messages
+        self._global_byte.mark = limits.global_bytes
+        for destination, entry in list(self._entries.items()):
+            own = destination_limits(destination) if destination_limits else limits
+            entry.msg_level.mark = own.messages
+            entry.byte_level.mark = own.bytes
+            self._settle(destination, entry)
+        self._settle_global()
 
     def _set(self, destination: str, reason: str) -> None:
         if reason == self._stopped.get(destination, ""):

@@ -63,7 +63,8 @@ class Level:
         """True when `value` arms the limit, False when it disarms it, None when the
         state does not change (including every value between low and high)."""
         if self.armed:
-            if value <= self.mark.low:
+            # A limit switched off (a reload) lets go too.
+            if self.mark.high == OFF or value <= self.mark.low:
                 self.armed = False
                 return False
         elif self.mark.high != OFF and value >= self.mark.high:

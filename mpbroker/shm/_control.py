@@ -3,7 +3,7 @@
 Layout (u64 words, little-endian)::
 
     offset 0    header line 0: magic "mpbCTRL\\0", layout version, slot count, slot size
-    offset 64   header line 1: memwatch_level              supervisor only
+    offset 64   header line 1: memwatch_level, config_generation    supervisor only
     offset 128  slot 0, SLOT_BYTES long                    its worker only
     ...         slot i at 128 + i * SLOT_BYTES
 
@@ -62,6 +62,7 @@ _W_VERSION = 1
 _W_SLOTS = 2
 _W_SLOT_BYTES = 3
 _W_MEMWATCH = 64 // 8
+_W_CONFIG_GENERATION = 64 // 8 + 1
 _SLOT_WORDS = SLOT_BYTES // 8
 _S_PID = 0
 _S_INCARNATION = 1
@@ -163,6 +164,22 @@ class ControlBlock:
     def memwatch_level(self, level: int) -> None:
         try:
             self._q[_W_MEMWATCH] = level
+        except ValueError as e:
+            self._fail(e)
+
+    @property
+    def config_generation(self) -> int:
+        """Bumped by the supervisor after it reloaded the configuration (SIGHUP): workers
+        that see a new value read the reloaded settings. Only the supervisor writes this."""
+        try:
+            return int(self._q[_W_CONFIG_GENERATION])
+        except ValueError as e:
+            self._fail(e)
+
+    @config_generation.setter
+    def config_generation(self, generation: int) -> None:
+        try:
+            self._q[_W_CONFIG_GENERATION] = generation
         except ValueError as e:
             self._fail(e)
 

@@ -13,7 +13,7 @@ from mpbroker.config import Config
 from mpbroker.routing import Topology
 from mpbroker.shm import segment_name
 
-__all__ = ["Layout", "WorkerSpec", "durable_registry", "store_directory"]
+__all__ = ["Layout", "WorkerSpec", "durable_registry", "reloaded_config", "store_directory"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,3 +122,8 @@ def store_directory(config: Config, role: str, pipeline: int) -> Path:
 def durable_registry(config: Config, pipeline: int) -> Path:
     """A pubsub pipeline's durable subscriptions and what each still has to receive."""
     return Path(config.broker.data_dir) / f"pubsub-{pipeline}-durable.db"
+
+
+def reloaded_config(config: Config, instance: str) -> Path:
+    """Where the supervisor leaves the settings it reloaded on SIGHUP for its workers."""
+    return Path(config.broker.data_dir) / f".reloaded-config-{instance}.pickle"

@@ -46,6 +46,7 @@ from mpbroker.stomp import (
 
 from . import _stats
 from ._layout import WorkerSpec
+from ._reload import ConfigWatch
 
 __all__ = ["run_gateway"]
 
@@ -141,6 +142,7 @@ class Gateway:
         self.held_sends: dict[_Connection, tuple[str, Stop, float]] = {}
         self.stats = StatsBlock.attach(layout.stats(spec.slot))
         self.rate_for = rate_settings_for(self.config)
+        self.config_watch = ConfigWatch(self.control, spec)
 
     # -- rings ---------------------------------------------------------------------------
 
@@ -173,6 +175,13 @@ class Gateway:
                 await self.route(pending_routes)
             # The heartbeat says the event loop turns, busy or idle (park times out).
             self.slot.beat()
+            reloaded = self.config_watch.poll()
+            if reloaded is not None:
+                # SIGHUP: send timeouts and rate-based flow as reloaded; held SENDs and
+                # producers being paced go on with what they started with.
+                self.config = reloaded
+                self.rate_for = rate_settings_for(reloaded)
+                log.info("flow settings reloaded")
             if got:
                 await trio.lowlevel.checkpoint()
             else:

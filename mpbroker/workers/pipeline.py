@@ -7,6 +7,7 @@ publish per gateway per batch, and parks on its doorbell when there is nothing t
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import logging
 import os
@@ -59,6 +60,7 @@ from mpbroker.stores import MessageStore, TopicStore
 from . import _stats
 from ._layout import WorkerSpec, durable_registry, store_directory
 from ._outlet import Outlet
+from ._reload import ConfigWatch
 from .durable import Durables
 from .persistence import QueuePersistence
 
@@ -107,6 +109,7 @@ class Pipeline:
         self.slot = self.control.slot(spec.slot)
         self.stats = StatsBlock.attach(layout.stats(spec.slot))
         self.next_stats_ms = 0
+        self.config_watch = ConfigWatch(self.control, spec)
         self.doorbell = Doorbell.create(layout.pipeline_bell(spec.index))
         self.gateway_bells = [
             Doorbell.attach(layout.gateway_bell(g), missing_ok=True) for g in range(layout.gateways)
@@ -457,6 +460,9 @@ class Pipeline:
             self.slot.set_counter(COUNTER_RECEIVED, self.engine.received)
             self.slot.set_counter(COUNTER_DELIVERED, self.engine.delivered)
             self._publish_stats()
+            reloaded = self.config_watch.poll()
+            if reloaded is not None:
+                self.reload(reloaded)
             if busy:
                 continue
             due = self._commit_due_in_s()
@@ -476,6 +482,25 @@ class Pipeline:
                 log.warning("supervisor is gone: stopping")
                 return
             park(self.park_readers, self.doorbell, park_timeout)
+
+    def reload(self, config: Config) -> None:
+        """SIGHUP: new flow settings; every destination is judged again by them."""
+        spec = self.spec = dataclasses.replace(self.spec, config=config)
+        for store, tracker in self.flow_trackers:
+            tracker.reconfigure(
+                store_limits(getattr(config, store)), destination_limits(config, store)
+            )
+        if self.topic_engine is not None:
+            self.topic_engine.reconfigure_live(
+                Watermark(config.topics.live_msg_high, config.topics.live_msg_low),
+                _live_marks(config),
+            )
+        if self.durables is None:
+            topology = spec.layout.topology
+            self.queue_engine.expiry_for = expiry_policies(
+                config, owns=lambda queue: topology.owner(queue) == spec.index
+            )
+        log.info("flow settings reloaded")
 
     def _publish_stats(self) -> None:
         now = epoch_ms()

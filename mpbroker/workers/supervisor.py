@@ -12,15 +12,17 @@ import logging
 import multiprocessing
 import multiprocessing.connection
 import os
+import pickle
 import signal
 import socket
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from multiprocessing.process import BaseProcess
 from pathlib import Path
 from types import FrameType
 
-from mpbroker.config import Config
+from mpbroker.config import Config, ConfigError, reload_flow_settings
 from mpbroker.routing import Topology
 from mpbroker.shm import (
     STATE_EMPTY,
@@ -35,7 +37,7 @@ from mpbroker.shm import (
 )
 
 from ._bootstrap import worker_entry
-from ._layout import Layout, WorkerSpec
+from ._layout import Layout, WorkerSpec, reloaded_config
 from .admin import AdminServer, WorkerRef, status_view
 
 __all__ = ["StartupError", "serve"]
@@ -67,7 +69,7 @@ class _Worker:
 
 
 class Supervisor:
-    def __init__(self, config: Config) -> None:
+    def __init__(self, config: Config, reload_source: Callable[[], Config] | None = None) -> None:
         self.config = config
         self.instance = str(os.getpid())
         broker = config.broker
@@ -87,6 +89,9 @@ class Supervisor:
         self.port_holder: socket.socket | None = None
         self.port = broker.port
         self._stop = False
+        # SIGHUP: where the configuration is read again from (None: no file to reload).
+        self.reload_source = reload_source
+        self._reload = False
         self._wakeup_r, self._wakeup_w = socket.socketpair()
 
     # -- set-up --------------------------------------------------------------------------
@@ -244,7 +249,8 @@ class Supervisor:
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
         if signum == signal.SIGHUP:
-            return  # the wake-up fd carries it to the loop
+            self._reload = True  # done by the loop, woken by the wake-up fd
+            return
         self._stop = True
 
     def install_signals(self) -> None:
@@ -268,6 +274,9 @@ class Supervisor:
                     self._wakeup_r.recv(512)
             if self.stop_requested():
                 break
+            if self._reload:
+                self._reload = False
+                self.reload()
             now = time.monotonic()
             self.kill_stalled()
             for worker in self.workers:
@@ -310,6 +319,30 @@ class Supervisor:
                         worker.process.pid if worker.process else "?",
                         worker.incarnation,
                     )
+
+    def reload(self) -> None:
+        """SIGHUP: read the configuration again and hand its flow settings to the workers
+        (connections stay open). Settings that need a restart are named in the log."""
+        if self.reload_source is None:
+            log.warning("SIGHUP: the broker was started without --config: nothing to reload")
+            return
+        try:
+            effective, ignored = reload_flow_settings(self.config, self.reload_source())
+        except ConfigError as exc:
+            log.error("SIGHUP: configuration not reloaded: %s", exc)
+            return
+        if ignored:
+            log.warning(
+                "SIGHUP: %s changed: takes effect after a restart", ", ".join(sorted(ignored))
+            )
+        path = reloaded_config(self.config, self.instance)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_bytes(pickle.dumps(effective))
+        os.replace(tmp, path)
+        self.config = effective  # restarted workers start with it too
+        assert self.control is not None
+        self.control.config_generation += 1
+        log.info("SIGHUP: flow settings reloaded (generation %d)", self.control.config_generation)
 
     def kill_stalled(self) -> None:
         """Kill ready workers whose heartbeat stopped; the watch loop then restarts them."""
@@ -372,6 +405,7 @@ class Supervisor:
         if self.control is not None:
             self.control.close()
             self.control.unlink()
+        reloaded_config(self.config, self.instance).unlink(missing_ok=True)
         # Anything of this instance left behind (e.g. by a worker) goes too.
         remove_instance(self.instance)
         if self.port_holder is not None:
@@ -381,10 +415,10 @@ class Supervisor:
         self._wakeup_w.close()
 
 
-def serve(config: Config) -> int:
+def serve(config: Config, reload_source: Callable[[], Config] | None = None) -> int:
     """Run the broker in the foreground until SIGTERM/SIGINT; returns the exit code."""
     Path(config.broker.data_dir).mkdir(parents=True, exist_ok=True)
-    supervisor = Supervisor(config)
+    supervisor = Supervisor(config, reload_source)
     supervisor.install_signals()
     try:
         supervisor.create_segments()

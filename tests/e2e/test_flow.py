@@ -3,6 +3,8 @@ half-accepted."""
 
 from __future__ import annotations
 
+import os
+import signal
 import threading
 import time
 from collections.abc import Callable
@@ -345,3 +347,31 @@ def test_a_topic_store_limit_stops_persistent_publishers_until_durable_subscribe
     again.connect()
     again.send("SEND", {**headers, "receipt": "7"}, b"accepted")
     assert again.recv().command == "RECEIPT"
+
+
+def test_sighup_reloads_flow_settings_without_dropping_connections(
+    start_broker: type[BrokerProcess], raw: RawFactory
+) -> None:
+    config = "[vol_queue_store]\nmsg_high = 3\nmsg_low = 1\n[flow]\nsend_timeout_ms = 60000\n"
+    broker = start_broker("--gateways", "1", config=config)
+    path = broker.data_dir.parent / f"{broker.data_dir.name}.toml"
+    producer = Producer(broker, "/queue/reload", 6)
+    producer.start()
+    try:
+        producer.wait_for(3)
+        producer.stays_at(3)  # stopped at msg_high 3
+        # A bad file is refused and changes nothing.
+        path.write_text("[vol_queue_store]\nmsg_high = 3\nmsg_low = 7\n")
+        os.kill(broker.pid, signal.SIGHUP)
+        broker.wait_for_log(r"SIGHUP: configuration not reloaded: .*vol_queue_store.msg_low")
+        producer.stays_at(3)
+        path.write_text(
+            "[vol_queue_store]\nmsg_high = 10\nmsg_low = 5\n[stomp]\nmax_headers = 500\n"
+        )
+        os.kill(broker.pid, signal.SIGHUP)
+        broker.wait_for_log(r"SIGHUP: stomp.max_headers changed: takes effect after a restart")
+        broker.wait_for_log(r"flow settings reloaded")
+        producer.wait_for(6)  # the same connection goes on under the new limits
+    finally:
+        producer.finish()
+    assert not producer.error

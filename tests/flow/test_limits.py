@@ -219,3 +219,19 @@ def test_destination_tables_give_matching_destinations_their_own_watermarks() ->
     assert tracker.changes() == [FlowChange("/queue/tiny.a", "msg_high 2")]
     tracker.remove("/queue/tiny.a", 2, 10)
     assert tracker.changes() == [FlowChange("/queue/tiny.a", "")]
+
+
+def test_reconfigure_judges_every_destination_again() -> None:
+    off = Watermark(OFF, OFF)
+    tracker = FlowTracker(StoreLimits(Watermark(3, 1), off, off, off))
+    tracker.add("/queue/a", 3, 30)
+    assert tracker.changes() == [FlowChange("/queue/a", "msg_high 3")]
+    tracker.reconfigure(StoreLimits(Watermark(10, 5), off, off, off))
+    assert tracker.changes() == [FlowChange("/queue/a", "")]  # 3 <= the new low
+    tracker.reconfigure(StoreLimits(Watermark(2, 1), off, off, Watermark(20, 10)))
+    assert tracker.changes() == [
+        FlowChange("/queue/a", "msg_high 2"),
+        FlowChange(GLOBAL, "global_byte_high 20"),
+    ]
+    tracker.reconfigure(StoreLimits(off, off, off, off))  # switched off: everyone goes
+    assert sorted(c.reason for c in tracker.changes()) == ["", ""]
