@@ -310,6 +310,16 @@ class FlowSettings:
         "naming the limit (0 = refuse at once)",
         min=0,
     )
+    # The message window is queues.prefetch / topics.prefetch (the SUBSCRIBE header
+    # activemq.prefetchSize overrides it); this bounds the bytes a slow consumer can have
+    # in flight (and buffered in its gateway) whatever the message sizes.
+    consumer_window_bytes: int = _setting(
+        8 * MiB,
+        "bytes of unacknowledged deliveries per subscription; a full window makes the "
+        "consumer not ready (-1 = messages only)",
+        min=-1,
+        size=True,
+    )
     # WebLogic's rate-based flow control (its defaults): instead of stopping producers at
     # a destination's high watermark, slow each one down, geometrically from
     # flow_maximum to flow_minimum over flow_interval_s in flow_steps steps, and let it
@@ -409,6 +419,7 @@ DESTINATION_KEYS: Final = {
     "live_msg_high": "topics",
     "live_msg_low": "topics",
     "send_timeout_ms": "flow",
+    "consumer_window_bytes": "flow",
     "flow_control": "flow",
     "flow_maximum": "flow",
     "flow_minimum": "flow",
@@ -434,6 +445,7 @@ class DestinationSettings:
     live_msg_high: int | None = None  # topics: the slowest subscriber's backlog
     live_msg_low: int | None = None
     send_timeout_ms: int | None = None
+    consumer_window_bytes: int | None = None
     flow_control: bool | None = None  # rate-based flow
     flow_maximum: float | None = None
     flow_minimum: float | None = None
@@ -492,6 +504,13 @@ class Config:
         if table is not None and table.send_timeout_ms is not None:
             return table.send_timeout_ms
         return self.flow.send_timeout_ms
+
+    def consumer_window_bytes(self, destination: str) -> int:
+        """The byte window of a subscription to `destination` (-1: none)."""
+        table = self.destination(destination)
+        if table is not None and table.consumer_window_bytes is not None:
+            return table.consumer_window_bytes
+        return self.flow.consumer_window_bytes
 
     def destination(self, name: str) -> DestinationSettings | None:
         """The settings table for a destination, or None when only defaults apply."""

@@ -3,6 +3,7 @@ from __future__ import annotations
 import itertools
 from abc import ABC, abstractmethod
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import ClassVar
 
@@ -63,13 +64,32 @@ class Consumer:
     destination: str
     ack_mode: int
     prefetch: int
+    # The window in bytes too (-1: messages only); a message larger than the whole window
+    # still goes when the window is empty.
+    window_bytes: int = -1
     unacked: dict[str, Message] = field(default_factory=dict)
+    unacked_bytes: int = 0
     # Topic subscribers only: messages waiting for room in the window.
     pending: deque[Message] = field(default_factory=deque)
 
     @property
     def ready(self) -> bool:
-        return len(self.unacked) < self.prefetch
+        """Room in the window: the consumer may be handed another message."""
+        return len(self.unacked) < self.prefetch and (
+            self.window_bytes < 0 or self.unacked_bytes < self.window_bytes
+        )
+
+    def take(self, message: Message) -> None:
+        """`message` was handed to this consumer: it is in the window until settled."""
+        self.unacked[message.message_id] = message
+        self.unacked_bytes += message.size
+
+    def release_all(self) -> list[Message]:
+        """Empty the window (the consumer goes away); its messages, oldest first."""
+        messages = list(self.unacked.values())
+        self.unacked.clear()
+        self.unacked_bytes = 0
+        return messages
 
     def settle(self, message_id: str) -> list[Message]:
         """Remove what an ACK/NACK of `message_id` settles (cumulative in client mode).
@@ -79,13 +99,13 @@ class Consumer:
         if self.ack_mode == ACK_AUTO or message_id not in self.unacked:
             return []
         if self.ack_mode != ACK_CLIENT:
-            return [self.unacked.pop(message_id)]
+            return self._left([self.unacked.pop(message_id)])
         settled: list[Message] = []
         for mid in list(self.unacked):
             settled.append(self.unacked.pop(mid))
             if mid == message_id:
                 break
-        return settled
+        return self._left(settled)
 
     def credit(self, count: int) -> list[Message]:
         """Auto mode: the oldest `count` deliveries were written; returns those messages."""
@@ -93,10 +113,12 @@ class Consumer:
             return []
         unacked = self.unacked
         if count >= len(unacked):
-            done = list(unacked.values())
-            unacked.clear()
-            return done
-        return [unacked.pop(key) for key in list(itertools.islice(unacked, count))]
+            return self.release_all()
+        return self._left([unacked.pop(key) for key in list(itertools.islice(unacked, count))])
+
+    def _left(self, messages: list[Message]) -> list[Message]:
+        self.unacked_bytes -= sum(m.size for m in messages)
+        return messages
 
 
 class Engine(ABC):
@@ -112,6 +134,9 @@ class Engine(ABC):
         self.pipeline = pipeline
         self.outbox = outbox
         self.consumers: dict[ConsumerKey, Consumer] = {}
+        # The byte window of a new subscription to a destination (-1: none); set by the
+        # worker from the configuration.
+        self.window_bytes_for: Callable[[str], int] = lambda destination: -1
         self.delivered = 0
         self.received = 0
 
@@ -142,7 +167,12 @@ class Engine(ABC):
                 self._receipt(gateway, record.conn, record.receipt)
                 if key not in self.consumers:
                     consumer = Consumer(
-                        key, record.sub_id, record.destination, record.ack_mode, record.prefetch
+                        key,
+                        record.sub_id,
+                        record.destination,
+                        record.ack_mode,
+                        record.prefetch,
+                        self.window_bytes_for(record.destination),
                     )
                     self.consumers[key] = consumer
                     self._added(consumer)

@@ -207,8 +207,7 @@ class QueueEngine(Engine):
             touched[queue.name] = queue
         for consumer in consumers:
             queue = touched[consumer.destination]
-            unsettled = list(consumer.unacked.values())
-            consumer.unacked.clear()
+            unsettled = consumer.release_all()
             if consumer.ack_mode == ACK_AUTO and not requeue_auto:
                 # Non-persistent: at most once, so they are gone. Persistent: at least
                 # once, so they come back.
@@ -403,7 +402,7 @@ class QueueEngine(Engine):
         while pending and misses < count:
             consumer = consumers[index % count]
             index += 1
-            if len(consumer.unacked) >= consumer.prefetch:
+            if not consumer.ready:
                 misses += 1
                 continue
             misses = 0
@@ -414,7 +413,7 @@ class QueueEngine(Engine):
                 index -= 1  # this consumer was not served
                 continue
             message = self._taken(message)
-            consumer.unacked[message.message_id] = message
+            consumer.take(message)
             gateway, conn, sub = consumer.key
             self.outbox.add(gateway, Deliver([(conn, sub)], message))
             self.delivered += 1

@@ -8,7 +8,7 @@ import msgspec
 
 from mpbroker.config import TopicSettings
 from mpbroker.flow import FlowChange, Level, Watermark
-from mpbroker.records import Deliver, Message, Refuse, Send
+from mpbroker.records import Deliver, Message, Refuse, Send, message_size
 
 from ._common import Consumer, Engine, Outbox
 
@@ -38,6 +38,8 @@ class TopicEngine(Engine):
 
     def _send(self, gateway: int, record: Send) -> None:
         message = record.message
+        if not message.size:
+            message.size = message_size(message)  # once, for every subscriber's byte window
         subscribers = self.topics.get(message.destination, ())
         limit = self.settings.max_pending_messages
         for consumer in subscribers:
@@ -59,10 +61,10 @@ class TopicEngine(Engine):
         # subscribers on one gateway costs one ring record.
         targets: dict[int, list[tuple[int, int]]] = {}
         for consumer in subscribers:
-            if consumer.pending or len(consumer.unacked) >= consumer.prefetch:
+            if consumer.pending or not consumer.ready:
                 consumer.pending.append(message)
                 continue
-            consumer.unacked[message.message_id] = message
+            consumer.take(message)
             gateway_index, conn, sub = consumer.key
             batch = targets.get(gateway_index)
             if batch is None:
@@ -90,9 +92,9 @@ class TopicEngine(Engine):
         """Move backlog into the window while it has room."""
         gateway, conn, sub = consumer.key
         moved = bool(consumer.pending)
-        while consumer.pending and len(consumer.unacked) < consumer.prefetch:
+        while consumer.pending and consumer.ready:
             message = consumer.pending.popleft()
-            consumer.unacked[message.message_id] = message
+            consumer.take(message)
             self.outbox.add(gateway, Deliver([(conn, sub)], message))
             self.delivered += 1
         if moved:

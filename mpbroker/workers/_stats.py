@@ -115,6 +115,8 @@ def consumers(*engines: Engine) -> dict[str, Any]:
                     "ack": _ACK_NAMES.get(consumer.ack_mode, str(consumer.ack_mode)),
                     "unacknowledged": len(consumer.unacked),
                     "prefetch": consumer.prefetch,
+                    "unacknowledged_bytes": consumer.unacked_bytes,
+                    "window_bytes": consumer.window_bytes,
                     "backlog": len(consumer.pending),
                     "ready": "yes" if consumer.ready else "no",
                 }

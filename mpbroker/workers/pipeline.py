@@ -201,6 +201,10 @@ class Pipeline:
             self.park_readers.append(self.replay_reader)
             self.replay_outlet = Outlet(requests.writer(self.replay_bell))
 
+    def _configure_windows(self, config: Config) -> None:
+        for engine in (self.engine, self.queue_engine):
+            engine.window_bytes_for = config.consumer_window_bytes
+
     def announce(self) -> None:
         """Tell every gateway we (re)started so it registers its subscriptions again."""
         hello = PipelineHello(self.spec.index, self.spec.incarnation)
@@ -439,6 +443,7 @@ class Pipeline:
         return any(self.outlets) or bool(self.replay_outlet)
 
     def run(self) -> None:
+        self._configure_windows(self.spec.config)
         park_timeout = self.spec.config.rings.park_timeout_ms / 1000
         parent = os.getppid()
         if self.persistence is not None:
@@ -486,6 +491,7 @@ class Pipeline:
     def reload(self, config: Config) -> None:
         """SIGHUP: new flow settings; every destination is judged again by them."""
         spec = self.spec = dataclasses.replace(self.spec, config=config)
+        self._configure_windows(config)  # for new subscriptions
         for store, tracker in self.flow_trackers:
             tracker.reconfigure(
                 store_limits(getattr(config, store)), destination_limits(config, store)

@@ -375,3 +375,28 @@ def test_sighup_reloads_flow_settings_without_dropping_connections(
     finally:
         producer.finish()
     assert not producer.error
+
+
+def test_a_consumer_byte_window_holds_back_large_messages_until_acknowledged(
+    start_broker: type[BrokerProcess], raw: RawFactory
+) -> None:
+    config = '[destinations."/queue/big"]\nconsumer_window_bytes = 3000\n'
+    broker = start_broker("--gateways", "1", config=config)
+    producer = raw(broker)
+    producer.connect()
+    for n in range(4):
+        producer.send("SEND", {"destination": "/queue/big", "receipt": str(n)}, b"%d" % n * 2000)
+        assert producer.recv().command == "RECEIPT"
+    consumer = raw(broker)
+    consumer.connect()
+    consumer.send(
+        "SUBSCRIBE",
+        {"destination": "/queue/big", "id": "c", "ack": "client-individual", "receipt": "s"},
+    )
+    assert consumer.recv().command == "RECEIPT"
+    first, second = consumer.recv(), consumer.recv()  # 2000 + 2000 bytes: the window is full
+    with pytest.raises(AssertionError):
+        consumer.recv(timeout=0.5)
+    consumer.send("ACK", {"id": first.headers["ack"]})
+    consumer.send("ACK", {"id": second.headers["ack"]})
+    assert {consumer.recv().body[:1], consumer.recv().body[:1]} == {b"2", b"3"}

@@ -990,3 +990,16 @@ def test_flow_trackers_count_what_each_queue_holds_until_it_is_settled() -> None
     engine.handle(9, Ack(1, 1, "b"))  # client mode: a and b
     assert engine.flow_volatile.changes() == [FlowChange(Q, "")]
     assert engine.flow_volatile.counts(Q)[0] == 1
+
+
+def test_a_byte_window_makes_a_consumer_not_ready_before_its_message_window() -> None:
+    engine = make_engine()
+    engine.window_bytes_for = lambda destination: 2 * make_message("x", body=b"b" * 100).size
+    engine.handle(9, subscribe(1, 1, prefetch=100))
+    for n in range(5):
+        engine.handle(9, send(1, f"m{n}", Q, body=b"b" * 100))
+    consumer = engine.consumers[(9, 1, 1)]
+    assert list(consumer.unacked) == ["m0", "m1"] and not consumer.ready
+    engine.handle(9, Ack(1, 1, "m0"))  # client mode: room for one more
+    assert list(consumer.unacked) == ["m1", "m2"]
+    assert consumer.unacked_bytes == 2 * consumer.unacked["m1"].size
