@@ -893,6 +893,19 @@ def _check_flow(config: Config) -> None:
                 raise ConfigError(
                     f"{where}.{key}", limit, f"must not exceed {hard_key} = {hard_value}"
                 )
+        # A destination's limit above the global one of its store could never stop it.
+        stores: tuple[str, ...] = ("vol_queue_store", "pers_queue_store")
+        if table.pattern.startswith("/topic/"):
+            stores = ("topic_store",)
+        for what, limit in (("msg", table.msg_high), ("byte", table.byte_high)):
+            for store in stores:
+                global_high = getattr(getattr(config, store), f"global_{what}_high")
+                if limit is not None and limit != -1 and global_high != -1 and limit > global_high:
+                    raise ConfigError(
+                        f"{where}.{what}_high",
+                        limit,
+                        f"must not exceed {store}.global_{what}_high = {global_high}",
+                    )
     vol = config.vol_queue_store
     for key, high in (("byte_high", vol.byte_high), ("global_byte_high", vol.global_byte_high)):
         if high > config.queues.max_bytes:

@@ -474,3 +474,12 @@ def test_a_reload_takes_the_flow_settings_and_names_what_needs_a_restart() -> No
     assert effective.topics.prefetch == old.topics.prefetch  # needs a restart
     assert effective.broker == old.broker
     assert sorted(ignored) == ["broker.gateways", "topics.prefetch"]
+
+
+def test_a_destination_limit_above_its_stores_global_limit_is_refused() -> None:
+    with pytest.raises(ConfigError) as info:
+        config_from_mapping(
+            {"destinations": {"/queue/x": {"byte_high": "20MiB", "byte_low": "1MiB"}}}
+        )
+    assert info.value.key == 'destinations."/queue/x".byte_high'
+    assert "must not exceed vol_queue_store.global_byte_high = 16777216" in str(info.value)
