@@ -217,6 +217,12 @@ class TopicSettings:
         5000, "messages waiting for a topic's slowest subscriber that stop its publishers"
     )
     live_msg_low: int = _watermark(4000, "...and that let them go again")
+    global_live_msg_high: int = _watermark(
+        50000,
+        "messages waiting for slow subscribers over all topics of one pubsub worker that "
+        "stop every publisher",
+    )
+    global_live_msg_low: int = _watermark(40000, "...and that let them go again")
 
 
 @dataclass(frozen=True, slots=True)
@@ -675,7 +681,7 @@ def _destination_tables(data: object) -> tuple[DestinationSettings, ...]:
 # What SIGHUP reloads: flow control's settings. Everything else needs a restart.
 RELOADABLE_SECTIONS: Final = ("flow", "vol_queue_store", "pers_queue_store", "topic_store")
 RELOADABLE_FIELDS: Final = {
-    "topics": ("live_msg_high", "live_msg_low"),
+    "topics": ("live_msg_high", "live_msg_low", "global_live_msg_high", "global_live_msg_low"),
     "queues": ("expiry_policy", "expiry_log_fields", "expiry_destination"),
 }
 
@@ -871,6 +877,18 @@ def _check_flow(config: Config) -> None:
     _check_watermark(
         "topics.live_msg_high", topics.live_msg_high, "topics.live_msg_low", topics.live_msg_low
     )
+    _check_watermark(
+        "topics.global_live_msg_high",
+        topics.global_live_msg_high,
+        "topics.global_live_msg_low",
+        topics.global_live_msg_low,
+    )
+    if -1 < topics.global_live_msg_high < topics.live_msg_high:
+        raise ConfigError(
+            "topics.live_msg_high",
+            topics.live_msg_high,
+            f"must not exceed topics.global_live_msg_high = {topics.global_live_msg_high}",
+        )
     if topics.live_msg_high != -1 and topics.live_msg_high > topics.max_pending_messages:
         raise ConfigError(
             "topics.live_msg_high",

@@ -35,6 +35,12 @@ class TopicEngine(Engine):
         self.live_mark_for: Callable[[str], Watermark] = lambda topic: self.live_mark
         self.live_levels: dict[str, Level] = {}
         self.flow_changes: list[FlowChange] = []
+        # Over all topics: messages waiting in subscribers' backlogs, and its watermark.
+        self.live_total = 0
+        self.global_live = Level(
+            Watermark(settings.global_live_msg_high, settings.global_live_msg_low),
+            "global_live_msg_high",
+        )
 
     def _send(self, gateway: int, record: Send) -> None:
         message = record.message
@@ -63,6 +69,7 @@ class TopicEngine(Engine):
         for consumer in subscribers:
             if consumer.pending or not consumer.ready:
                 consumer.pending.append(message)
+                self.live_total += 1
                 continue
             consumer.take(message)
             gateway_index, conn, sub = consumer.key
@@ -83,6 +90,7 @@ class TopicEngine(Engine):
             consumer.pending.extendleft(
                 msgspec.structs.replace(m, redelivered=True) for m in reversed(messages)
             )
+            self.live_total += len(messages)
         self._drain(consumer)
 
     def _added(self, consumer: Consumer) -> None:
@@ -94,6 +102,7 @@ class TopicEngine(Engine):
         moved = bool(consumer.pending)
         while consumer.pending and consumer.ready:
             message = consumer.pending.popleft()
+            self.live_total -= 1
             consumer.take(message)
             self.outbox.add(gateway, Deliver([(conn, sub)], message))
             self.delivered += 1
@@ -102,7 +111,11 @@ class TopicEngine(Engine):
 
     def _check_live(self, topic: str) -> None:
         """Stop the topic's publishers when its slowest subscriber is `live_msg_high`
-        behind; let them go once it is back to `live_msg_low`."""
+        behind; let them go once it is back to `live_msg_low`. The same for every
+        publisher when all backlogs together reach `global_live_msg_high`."""
+        change = self.global_live.update(self.live_total)
+        if change is not None:
+            self.flow_changes.append(FlowChange("", self.global_live.reason if change else ""))
         level = self.live_levels.get(topic)
         if level is None and not self.topics.get(topic):
             return
@@ -119,10 +132,13 @@ class TopicEngine(Engine):
             self.flow_changes.append(FlowChange(topic, ""))
             del self.live_levels[topic]
 
-    def reconfigure_live(self, mark: Watermark, mark_for: Callable[[str], Watermark]) -> None:
+    def reconfigure_live(
+        self, mark: Watermark, mark_for: Callable[[str], Watermark], global_mark: Watermark
+    ) -> None:
         """New live-buffer watermarks (a configuration reload): topics are judged again."""
         self.live_mark = mark
         self.live_mark_for = mark_for
+        self.global_live.mark = global_mark
         for topic, level in list(self.live_levels.items()):
             level.mark = mark_for(topic)
             self._check_live(topic)
@@ -130,12 +146,16 @@ class TopicEngine(Engine):
             self._check_live(topic)
 
     def live_stops(self) -> dict[str, str]:
-        """Topics whose publishers are stopped now, and why."""
-        return {topic: level.reason for topic, level in self.live_levels.items() if level.armed}
+        """Topics whose publishers are stopped now, and why ("" for every topic)."""
+        stops = {topic: level.reason for topic, level in self.live_levels.items() if level.armed}
+        if self.global_live.armed:
+            stops[""] = self.global_live.reason
+        return stops
 
     def _removed(self, consumers: list[Consumer], *, requeue_auto: bool) -> None:
         # A non-durable subscription's backlog and window go with it.
         for consumer in consumers:
+            self.live_total -= len(consumer.pending)
             subscribers = self.topics[consumer.destination]
             subscribers.remove(consumer)
             if not subscribers:

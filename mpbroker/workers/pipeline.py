@@ -497,9 +497,11 @@ class Pipeline:
                 store_limits(getattr(config, store)), destination_limits(config, store)
             )
         if self.topic_engine is not None:
+            topics = config.topics
             self.topic_engine.reconfigure_live(
-                Watermark(config.topics.live_msg_high, config.topics.live_msg_low),
+                Watermark(topics.live_msg_high, topics.live_msg_low),
                 _live_marks(config),
+                Watermark(topics.global_live_msg_high, topics.global_live_msg_low),
             )
         if self.durables is None:
             topology = spec.layout.topology

@@ -403,3 +403,23 @@ def test_a_slow_subscriber_arms_its_topics_live_watermark_until_it_catches_up() 
     engine.handle(9, Ack(1, 1, "m1"))  # one waiting: low
     assert engine.flow_changes == [FlowChange(T, "")]
     assert engine.live_stops() == {}
+
+
+def test_backlogs_over_all_topics_arm_the_global_live_watermark() -> None:
+    from mpbroker.flow import FlowChange
+
+    engine = make_engine(
+        live_msg_high=10, live_msg_low=5, global_live_msg_high=3, global_live_msg_low=1
+    )
+    engine.handle(9, subscribe(1, 1, ack_mode=ACK_CLIENT, prefetch=1, destination="/topic/a"))
+    engine.handle(9, subscribe(1, 2, ack_mode=ACK_CLIENT, prefetch=1, destination="/topic/b"))
+    for n in range(2):  # one in each window, then one waiting in each backlog
+        engine.handle(9, send(2, f"a{n}", "/topic/a"))
+        engine.handle(9, send(2, f"b{n}", "/topic/b"))
+    assert engine.flow_changes == []  # 2 waiting
+    engine.handle(9, send(2, "a2", "/topic/a"))
+    assert engine.flow_changes == [FlowChange("", "global_live_msg_high 3")]
+    assert engine.live_stops() == {"": "global_live_msg_high 3"}
+    engine.flow_changes.clear()
+    engine.handle(9, Unsubscribe(1, 1))  # its two waiting messages go with it: 1 left
+    assert engine.flow_changes == [FlowChange("", "")]
