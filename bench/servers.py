@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import os
 import queue
 import re
 import shutil
@@ -18,7 +19,7 @@ import subprocess
 import sys
 import tempfile
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from types import TracebackType
 
 __all__ = ["ServerError", "ServerProcess", "baseline_command", "broker_command"]
@@ -35,11 +36,15 @@ class ServerError(RuntimeError):
     """A server did not start, or did not stop cleanly; the message says which and why."""
 
 
-def broker_command(data_dir: str, gateways: int | None) -> list[str]:
+def broker_command(
+    data_dir: str, gateways: int | None, config_path: str | None = None
+) -> list[str]:
     command = [sys.executable, "-m", "mpbroker", "serve", "--port", "0", "--data-dir", data_dir]
     command += ["--admin-port", "-1"]  # a bench needs no admin API (nor its port)
     if gateways is not None:
         command += ["--gateways", str(gateways)]
+    if config_path is not None:
+        command += ["--config", config_path]
     return command
 
 
@@ -51,7 +56,8 @@ class ServerProcess:
     """A server child process; use as a context manager (stops it on exit).
 
     ``name`` appears in messages. ``temp_dir``, if given, is removed once the server stopped
-    (the broker's data directory).
+    (the broker's data directory). ``on_line``, if set before :meth:`start`, is called with
+    every line the server writes to stderr (from the thread that drains it).
     """
 
     def __init__(self, name: str, command: Sequence[str], *, temp_dir: str | None = None) -> None:
@@ -64,11 +70,23 @@ class ServerProcess:
         self.lines: collections.deque[str] = collections.deque(maxlen=_KEEP_LINES)
         self._ready: queue.Queue[tuple[str, int] | None] = queue.Queue()
         self._reader: threading.Thread | None = None
+        self.on_line: Callable[[str], None] | None = None
 
     @classmethod
-    def broker(cls, gateways: int | None = None) -> ServerProcess:
+    def broker(cls, gateways: int | None = None, config: str | None = None) -> ServerProcess:
+        """A broker with a temporary data directory; ``config``, if given, is TOML text
+        written next to it and passed with ``--config``."""
         temp_dir = tempfile.mkdtemp(prefix="mpbroker-bench-")
-        return cls("mpbroker", broker_command(temp_dir, gateways), temp_dir=temp_dir)
+        config_path = None
+        if config is not None:
+            config_path = os.path.join(temp_dir, "bench-config.toml")
+            with open(config_path, "w", encoding="utf-8") as fh:
+                fh.write(config)
+            data_dir = os.path.join(temp_dir, "data")
+        else:
+            data_dir = temp_dir
+        command = broker_command(data_dir, gateways, config_path)
+        return cls("mpbroker", command, temp_dir=temp_dir)
 
     @classmethod
     def baseline(cls, host: str = "127.0.0.1") -> ServerProcess:
@@ -115,8 +133,11 @@ class ServerProcess:
     def _drain(self) -> None:
         assert self.process is not None and self.process.stderr is not None
         announced = False
+        on_line = self.on_line
         for line in self.process.stderr:
             self.lines.append(line.rstrip("\n"))
+            if on_line is not None:
+                on_line(line)
             if not announced and (match := _READY.search(line)):
                 announced = True
                 self._ready.put((match.group(1), int(match.group(2))))

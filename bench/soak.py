@@ -1,0 +1,1107 @@
+"""Slow-consumer soak: producers at full speed, one consumer at 10 % of their rate.
+
+Run: .venv/bin/python -m bench.soak [--minutes 5] [--producers 2] [--size 1000] [--persistent]
+     [--send-timeout-ms 2000] [--destination /queue/soak]
+
+Starts a broker whose flow-control watermarks are small (a ``[destinations]`` table for the
+soak queue: ``msg_high`` 10000, ``msg_low`` 7500, in whichever store holds its messages;
+``flow.send_timeout_ms`` from the option), so flow control engages within seconds. Producer processes send as fast as they can, every SEND
+with a receipt, at most :data:`WINDOW` unanswered per connection; a refused SEND gets an ERROR
+(with the SEND's ``receipt-id``) and the broker closes the connection, so the producer counts
+it as refused and reconnects. One consumer process (``client-individual``, an ACK per message)
+first drains at full speed for ``--calibrate-seconds`` to measure the rate the producers
+reach, then acknowledges at 10 % of it (sleep-paced; it holds a window of 1000) for
+``--minutes``. Meanwhile, every second, the proportional set size (PSS: shared memory split
+between the processes that map it) of all broker processes is summed, and the broker's log is
+read for ``flow: producers to ... stopped`` / ``... may go again`` lines.
+
+At the end the producers stop (settling what is in flight), the consumer drains the backlog
+at full speed, and every message is reconciled: each SEND was accepted (RECEIPT), refused
+(ERROR), dropped (sent after a refused SEND on the same connection: the broker closes it after
+the ERROR and reads nothing more) or unknown (the connection broke without an answer; should
+be 0); every accepted message must have arrived exactly once, and nothing else may arrive.
+
+Exit status 0 when nothing was lost, duplicated or delivered without having been accepted and
+no process failed; 1 otherwise.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import contextlib
+import ctypes
+import json
+import multiprocessing
+import multiprocessing.queues
+import queue
+import re
+import secrets
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from multiprocessing.context import SpawnContext
+from multiprocessing.process import BaseProcess
+from multiprocessing.synchronize import Event
+from typing import Any
+
+import psutil
+
+from mpbroker.stomp import Frame, ProtocolError, encode_frame
+
+from .control import Counters, describe
+from .servers import ServerError, ServerProcess
+from .wire import BODY_HEADER_BYTES, BrokerClosed, Connection, StompError, body_prefix, make_body
+
+__all__ = ["WINDOW", "main", "soak_config"]
+
+#: Most SENDs a producer has sent and not yet seen answered (RECEIPT or ERROR).
+WINDOW = 100
+#: The consumer's window of unacknowledged deliveries (ActiveMQ's default queue prefetch).
+PREFETCH = 1000
+#: Watermarks of the soak queue: producers stop at HIGH messages and go again at LOW. With
+#: 1000-byte bodies HIGH stays below the p2p worker's global byte watermark (16 MiB), so the
+#: queue's own limit is the one that engages.
+MSG_HIGH = 10000
+MSG_LOW = 7500
+#: The consumer's share of the producers' rate.
+CONSUMER_SHARE = 0.10
+
+_SAMPLE_S = 1.0
+_PROGRESS_S = 30.0
+_STARTUP_TIMEOUT_S = 60.0
+# The consumer's pacing tick: how long a read may wait while messages are waiting for acks.
+_TICK_S = 0.01
+# Drain: give up when nothing more arrived for this long.
+_DRAIN_STALL_S = 60.0
+# After the consumer has everything that was accepted: time for duplicates to show up.
+_DUPLICATE_GRACE_S = 1.0
+
+# Status of one message (SEND) of a producer, one byte per sequence number.
+_IN_FLIGHT = 0
+_ACCEPTED = 1
+_REFUSED = 2
+_DROPPED = 3
+_UNKNOWN = 4
+
+_FLOW_STOP = re.compile(r"flow: producers to (.+?) stopped: (.+?) reached")
+_FLOW_GO = re.compile(r"flow: producers to (.+?) may go again")
+_LOG_LEVEL = re.compile(r"\s(WARNING|ERROR|CRITICAL)\s")
+_REFUSED_SEND = "refused a SEND from"
+
+
+def soak_config(*, send_timeout_ms: int, destination: str) -> str:
+    """The broker configuration of a soak: small watermarks for ``destination``."""
+    name = json.dumps(destination)  # a TOML basic string is a JSON string for these names
+    return (
+        "[flow]\n"
+        f"send_timeout_ms = {send_timeout_ms}\n"
+        "\n"
+        f"[destinations.{name}]\n"
+        f"msg_high = {MSG_HIGH}\n"
+        f"msg_low = {MSG_LOW}\n"
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class _Options:
+    destination: str
+    size: int
+    persistent: bool
+    producers: int
+    send_timeout_ms: int
+
+    @property
+    def stall_s(self) -> float:
+        """How long a producer waits for any answer before it calls the SEND unanswered."""
+        return max(30.0, 3 * self.send_timeout_ms / 1000)
+
+
+@dataclass(frozen=True, slots=True)
+class _Shared:
+    """Handed to every process at spawn time."""
+
+    start: Event
+    stop_producers: Event
+    stop_consumer: Event
+    sent: Counters
+    accepted: Counters
+    refused: Counters
+    received: Counters
+    #: Messages per second the consumer acknowledges; negative: as fast as it can.
+    rate: ctypes.Array[ctypes.c_double]
+    results: multiprocessing.queues.Queue[_Report]
+
+    @classmethod
+    def create(cls, ctx: SpawnContext, producers: int) -> _Shared:
+        rate = ctx.RawArray(ctypes.c_double, 1)
+        rate[0] = -1.0
+        return cls(
+            start=ctx.Event(),
+            stop_producers=ctx.Event(),
+            stop_consumer=ctx.Event(),
+            sent=ctx.RawArray(ctypes.c_longlong, producers),
+            accepted=ctx.RawArray(ctypes.c_longlong, producers),
+            refused=ctx.RawArray(ctypes.c_longlong, producers),
+            received=ctx.RawArray(ctypes.c_longlong, 1),
+            rate=rate,
+            results=ctx.Queue(),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class _Ready:
+    role: str
+    index: int
+
+
+@dataclass(frozen=True, slots=True)
+class _ProducerReport:
+    index: int
+    #: One status byte per sequence number (``_ACCEPTED`` ...).
+    status: bytes = b""
+    connections: int = 0
+    longest_receipt_s: float = 0.0
+    longest_refusal_s: float = 0.0
+    #: RECEIPTs that took more than a second (the SEND was held by flow control).
+    slow_receipts: int = 0
+    #: ERROR messages of refused SENDs, with how often each came.
+    refusals: tuple[tuple[str, int], ...] = ()
+    #: Things that should not happen: a connection closed without an ERROR, an ERROR without
+    #: receipt-id, no answer within the stall timeout.
+    problems: tuple[str, ...] = ()
+    failure: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class _ConsumerReport:
+    #: Per producer, how often each sequence number arrived (at most 255).
+    counts: tuple[bytes, ...] = ()
+    received: int = 0
+    redelivered: int = 0
+    #: Bodies that are not of this run.
+    foreign: int = 0
+    failure: str = ""
+
+
+_Report = _Ready | _ProducerReport | _ConsumerReport
+
+
+# -- producer ---------------------------------------------------------------------------------
+
+
+def _producer_main(
+    index: int, options: _Options, host: str, port: int, token: bytes, shared: _Shared
+) -> None:
+    producer = _Producer(index, options, host, port, token, shared)
+    failure = ""
+    try:
+        producer.run()
+    except Exception as exc:
+        failure = describe(exc)
+    shared.results.put(producer.report(failure))
+
+
+class _Producer:
+    def __init__(
+        self, index: int, options: _Options, host: str, port: int, token: bytes, shared: _Shared
+    ) -> None:
+        self.index = index
+        self.options = options
+        self.host = host
+        self.port = port
+        self.token = token
+        self.shared = shared
+        self.headers = {"destination": options.destination}
+        if options.persistent:
+            self.headers["persistent"] = "true"
+        self.status = bytearray()
+        self.seq = 0
+        #: seq -> time.monotonic() of its send, in sequence order.
+        self.outstanding: dict[int, float] = {}
+        self.connections = 0
+        self.accepted = 0
+        self.refused = 0
+        self.longest_receipt_s = 0.0
+        self.longest_refusal_s = 0.0
+        self.slow_receipts = 0
+        self.refusals: collections.Counter[str] = collections.Counter()
+        self.problems: list[str] = []
+
+    def report(self, failure: str) -> _ProducerReport:
+        for seq in self.outstanding:
+            self.status[seq] = _UNKNOWN
+        return _ProducerReport(
+            self.index,
+            status=bytes(self.status),
+            connections=self.connections,
+            longest_receipt_s=self.longest_receipt_s,
+            longest_refusal_s=self.longest_refusal_s,
+            slow_receipts=self.slow_receipts,
+            refusals=tuple(self.refusals.most_common()),
+            problems=tuple(self.problems),
+            failure=failure,
+        )
+
+    def run(self) -> None:
+        shared = self.shared
+        conn = Connection(self.host, self.port, timeout_s=_STARTUP_TIMEOUT_S)
+        conn.connect()
+        shared.results.put(_Ready("producer", self.index))
+        if not shared.start.wait(2 * _STARTUP_TIMEOUT_S):
+            raise TimeoutError("the coordinator never said start")
+        failed_connects = 0
+        while True:
+            self.connections += 1
+            self._session(conn)
+            if shared.stop_producers.is_set():
+                return
+            try:
+                conn = Connection(self.host, self.port, timeout_s=self.options.stall_s)
+                conn.connect()
+                failed_connects = 0
+            except (OSError, BrokerClosed, StompError, ProtocolError) as exc:
+                failed_connects += 1
+                self.problems.append(f"reconnect failed: {describe(exc)}")
+                if failed_connects >= 5:
+                    raise
+                time.sleep(0.5)
+
+    def _session(self, conn: Connection) -> None:
+        """Send and settle answers until the connection ends, or until the producers stop
+        and every SEND of this connection is answered."""
+        stop = self.shared.stop_producers
+        stall_s = self.options.stall_s
+        conn.sock.settimeout(stall_s)  # bounds a sendall the broker never reads
+        first_seq = self.seq
+        last_answer = time.monotonic()
+        try:
+            while True:
+                stopping = stop.is_set()
+                if stopping and not self.outstanding:
+                    with contextlib.suppress(OSError, BrokerClosed, StompError, TimeoutError):
+                        conn.disconnect()
+                    return
+                free = WINDOW - len(self.outstanding)
+                if not stopping and free > 0:
+                    try:
+                        self._send(conn, free)
+                    except OSError as exc:
+                        # Refused (the broker closed after an ERROR), or a sendall that
+                        # the broker did not read for stall_s.
+                        self._settle_after_close(conn, first_seq, f"send failed: {exc}")
+                        return
+                try:
+                    frames = conn.read(_TICK_S * 5)
+                except (OSError, BrokerClosed, ProtocolError) as exc:
+                    self._settle_after_close(conn, first_seq, describe(exc))
+                    return
+                now = time.monotonic()
+                if frames is None:
+                    if self.outstanding and now - last_answer > stall_s:
+                        self.problems.append(
+                            f"no RECEIPT or ERROR for {stall_s:g} s with "
+                            f"{len(self.outstanding)} SENDs outstanding"
+                        )
+                        self._settle_rest(None)
+                        return
+                    continue
+                last_answer = now
+                refused_at = self._take(frames, now)
+                if refused_at is not None:
+                    self._settle_after_close(conn, first_seq, "", refused_at)
+                    return
+        finally:
+            conn.close()
+
+    def _send(self, conn: Connection, n: int) -> None:
+        seq = self.seq
+        headers = self.headers
+        token = self.token
+        index = self.index
+        size = self.options.size
+        data = b"".join(
+            encode_frame(
+                Frame("SEND", {**headers, "receipt": str(s)}, make_body(token, index, s, size))
+            )
+            for s in range(seq, seq + n)
+        )
+        now = time.monotonic()
+        for s in range(seq, seq + n):
+            self.outstanding[s] = now
+        self.status.extend(bytes(n))
+        self.seq = seq + n
+        self.shared.sent[index] = self.seq
+        conn.sock.sendall(data)
+
+    def _take(self, frames: list[Frame], now: float) -> int | None:
+        """Note RECEIPTs and ERRORs; the sequence number of a refused SEND, if one was."""
+        refused_at: int | None = None
+        for frame in frames:
+            if frame.command == "RECEIPT":
+                seq = int(frame.headers["receipt-id"])
+                sent_at = self.outstanding.pop(seq, None)
+                if sent_at is None:
+                    self.problems.append(f"RECEIPT for {seq}, which was not outstanding")
+                    continue
+                self.status[seq] = _ACCEPTED
+                self.accepted += 1
+                waited = now - sent_at
+                if waited > 1.0:
+                    self.slow_receipts += 1
+                self.longest_receipt_s = max(self.longest_receipt_s, waited)
+            elif frame.command == "ERROR":
+                message = frame.headers.get("message", "(no message header)")
+                receipt = frame.headers.get("receipt-id")
+                sent_at = self.outstanding.pop(int(receipt), None) if receipt else None
+                if receipt is None or sent_at is None:
+                    self.problems.append(f"ERROR without the receipt-id of a SEND: {message}")
+                    # Whatever is outstanding has an unknown fate.
+                    return -1
+                seq = int(receipt)
+                self.status[seq] = _REFUSED
+                self.refused += 1
+                self.shared.refused[self.index] = self.refused
+                self.refusals[message] += 1
+                self.longest_refusal_s = max(self.longest_refusal_s, now - sent_at)
+                refused_at = seq
+                break  # the broker closes the connection after an ERROR
+        self.shared.accepted[self.index] = self.accepted
+        return refused_at
+
+    def _settle_after_close(
+        self, conn: Connection, first_seq: int, why: str, refused_at: int | None = None
+    ) -> None:
+        """The connection is ending: read what is left (RECEIPTs of SENDs before a refused
+        one, the ERROR that explains a failed write), then settle what is still open."""
+        deadline = time.monotonic() + self.options.stall_s
+        while self.outstanding and time.monotonic() < deadline:
+            try:
+                frames = conn.read(max(0.0, deadline - time.monotonic()))
+            except (OSError, BrokerClosed, ProtocolError):
+                break
+            if frames is None:
+                break
+            if refused_at is not None:
+                # Only RECEIPTs may follow the ERROR; a second ERROR is a problem.
+                frames_left = [f for f in frames if f.command != "ERROR"]
+                if len(frames_left) != len(frames):
+                    self.problems.append("a second ERROR on one connection")
+                self._take(frames_left, time.monotonic())
+            else:
+                refused_at = self._take(frames, time.monotonic())
+        if refused_at is None and (self.outstanding or not self.shared.stop_producers.is_set()):
+            self.problems.append(
+                f"connection closed without an ERROR ({why or 'end of stream'}) after "
+                f"{self.seq - first_seq} SENDs, {len(self.outstanding)} unanswered"
+            )
+        self._settle_rest(refused_at)
+
+    def _settle_rest(self, refused_at: int | None) -> None:
+        """SENDs still unanswered: after a refused one they were never read (dropped);
+        otherwise their fate is unknown."""
+        for seq in self.outstanding:
+            if refused_at is not None and refused_at >= 0 and seq > refused_at:
+                self.status[seq] = _DROPPED
+            else:
+                self.status[seq] = _UNKNOWN
+        self.outstanding.clear()
+
+
+# -- consumer ---------------------------------------------------------------------------------
+
+
+def _consumer_main(options: _Options, host: str, port: int, token: bytes, shared: _Shared) -> None:
+    consumer = _Consumer(options, host, port, token, shared)
+    failure = ""
+    try:
+        consumer.run()
+    except Exception as exc:
+        failure = describe(exc)
+    shared.results.put(consumer.report(failure))
+
+
+class _Consumer:
+    def __init__(
+        self, options: _Options, host: str, port: int, token: bytes, shared: _Shared
+    ) -> None:
+        self.options = options
+        self.host = host
+        self.port = port
+        self.prefix = body_prefix(token)
+        self.shared = shared
+        self.counts = [bytearray() for _ in range(options.producers)]
+        self.received = 0
+        self.redelivered = 0
+        self.foreign = 0
+        #: Ack ids of messages read and not yet acknowledged ("processed"), oldest first.
+        self.pending: collections.deque[str] = collections.deque()
+
+    def report(self, failure: str) -> _ConsumerReport:
+        return _ConsumerReport(
+            counts=tuple(bytes(c) for c in self.counts),
+            received=self.received,
+            redelivered=self.redelivered,
+            foreign=self.foreign,
+            failure=failure,
+        )
+
+    def run(self) -> None:
+        shared = self.shared
+        conn = Connection(self.host, self.port, timeout_s=_STARTUP_TIMEOUT_S)
+        try:
+            conn.connect()
+            conn.send_frame(
+                Frame(
+                    "SUBSCRIBE",
+                    {
+                        "id": "0",
+                        "destination": self.options.destination,
+                        "ack": "client-individual",
+                        "activemq.prefetchSize": str(PREFETCH),
+                        "receipt": "subscribed",
+                    },
+                )
+            )
+            conn.expect("RECEIPT", "subscribed")
+            shared.results.put(_Ready("consumer", 0))
+            self._consume(conn)
+            self._ack(conn, len(self.pending))
+            conn.disconnect()
+        finally:
+            conn.close()
+
+    def _consume(self, conn: Connection) -> None:
+        stop = self.shared.stop_consumer
+        rate_slot = self.shared.rate
+        credit = 0.0
+        last = time.monotonic()
+        while not stop.is_set():
+            rate = rate_slot[0]
+            timeout = _TICK_S
+            if self.pending and rate > 0:
+                timeout = min(_TICK_S, max(0.0005, (1.0 - credit) / rate))
+            frames = conn.read(timeout)
+            if frames is not None:
+                self._tally(frames)
+            now = time.monotonic()
+            if rate < 0:
+                n = len(self.pending)
+                credit = 0.0
+            else:
+                credit += (now - last) * rate
+                n = min(int(credit), len(self.pending))
+                credit -= n
+                if not self.pending or n == len(self.pending):
+                    # Starved, not slow: credit must not pile up into a burst later.
+                    credit = min(credit, 1.0)
+            last = now
+            if n:
+                self._ack(conn, n)
+
+    def _tally(self, frames: list[Frame]) -> None:
+        prefix = self.prefix
+        head = len(prefix)
+        for frame in frames:
+            if frame.command == "MESSAGE":
+                self.pending.append(frame.headers["ack"])
+                if frame.headers.get("redelivered") == "true":
+                    self.redelivered += 1
+                body = frame.body
+                if not body.startswith(prefix):
+                    self.foreign += 1
+                    continue
+                producer = int(body[head : head + 5])
+                seq = int(body[head + 6 : head + 16])
+                if not 0 <= producer < len(self.counts):
+                    self.foreign += 1
+                    continue
+                counts = self.counts[producer]
+                if seq >= len(counts):
+                    counts.extend(bytes(seq + 1 - len(counts) + 65536))
+                if counts[seq] < 255:
+                    counts[seq] += 1
+                self.received += 1
+            elif frame.command == "ERROR":
+                raise StompError(frame)
+        self.shared.received[0] = self.received
+
+    def _ack(self, conn: Connection, n: int) -> None:
+        pending = self.pending
+        if n:
+            conn.send(
+                b"".join(encode_frame(Frame("ACK", {"id": pending.popleft()})) for _ in range(n))
+            )
+
+
+# -- broker observation -----------------------------------------------------------------------
+
+
+class _BrokerLog:
+    """Counts what the broker's log says about flow control and refusals (fed line by line
+    from the thread that drains its stderr)."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.stops: collections.Counter[str] = collections.Counter()  # by "what: reason"
+        self.starts = 0
+        self.refused_sends = 0
+        self.stopped_since: dict[str, float] = {}
+        self.longest_stop_s = 0.0
+        self.other_warnings = 0
+        self.first_warnings: list[str] = []
+
+    def feed(self, line: str) -> None:
+        line = line.rstrip("\n")
+        now = time.monotonic()
+        with self.lock:
+            if match := _FLOW_STOP.search(line):
+                self.stops[f"{match.group(1)}: {match.group(2)}"] += 1
+                self.stopped_since.setdefault(match.group(1), now)
+            elif match := _FLOW_GO.search(line):
+                self.starts += 1
+                since = self.stopped_since.pop(match.group(1), None)
+                if since is not None:
+                    self.longest_stop_s = max(self.longest_stop_s, now - since)
+            elif _REFUSED_SEND in line:
+                self.refused_sends += 1
+            elif _LOG_LEVEL.search(line):
+                self.other_warnings += 1
+                if len(self.first_warnings) < 5:
+                    self.first_warnings.append(line)
+
+    def snapshot(self) -> tuple[int, int]:
+        with self.lock:
+            return sum(self.stops.values()), self.starts
+
+    def still_stopped_s(self) -> float:
+        """How long the longest stop still in force has lasted."""
+        now = time.monotonic()
+        with self.lock:
+            return max((now - since for since in self.stopped_since.values()), default=0.0)
+
+
+def _role(process: psutil.Process) -> str:
+    """``gateway 0`` for ``mpbroker: gateway 0`` (the broker titles its processes)."""
+    try:
+        title = " ".join(process.cmdline()).strip()
+        if title.startswith("mpbroker:"):
+            return title.removeprefix("mpbroker:").strip()
+        if "resource_tracker" in title:
+            return "resource_tracker"  # multiprocessing's, for the shared memory
+        return f"{process.name()} {process.pid}"
+    except psutil.Error:
+        return f"pid {process.pid}"
+
+
+class _MemorySampler(threading.Thread):
+    """Every second: the summed PSS (RSS where PSS cannot be read) of the broker's processes."""
+
+    def __init__(self, pid: int) -> None:
+        super().__init__(name="soak-memory", daemon=True)
+        self.root = psutil.Process(pid)
+        self.finish = threading.Event()
+        self.lock = threading.Lock()
+        self.kind = "PSS"
+        self.samples: list[tuple[float, int]] = []
+        self.peak = 0
+        self.peak_at = 0.0
+        self.peak_parts: dict[str, int] = {}
+        #: The highest sum of the processes' RSS: counts shared pages once per process.
+        self.peak_rss = 0
+        self.processes = 0
+
+    def sample(self) -> tuple[int, dict[str, int]]:
+        """The summed PSS now, and its parts by process; also tracks the peak summed RSS."""
+        parts: dict[str, int] = {}
+        rss = 0
+        try:
+            processes = [self.root, *self.root.children(recursive=True)]
+        except psutil.Error:
+            return 0, parts
+        for process in processes:
+            try:
+                try:
+                    full = process.memory_full_info()
+                    value, resident = int(full.pss), int(full.rss)
+                except (psutil.AccessDenied, AttributeError):
+                    self.kind = "RSS"
+                    value = resident = int(process.memory_info().rss)
+            except psutil.Error:
+                continue  # exited meanwhile
+            rss += resident
+            role = _role(process)
+            parts[role] = parts.get(role, 0) + value
+        with self.lock:
+            self.peak_rss = max(self.peak_rss, rss)
+        return sum(parts.values()), parts
+
+    def run(self) -> None:
+        while not self.finish.is_set():
+            total, parts = self.sample()
+            now = time.monotonic()
+            with self.lock:
+                self.samples.append((now, total))
+                self.processes = max(self.processes, len(parts))
+                if total > self.peak:
+                    self.peak, self.peak_at, self.peak_parts = total, now, parts
+            self.finish.wait(_SAMPLE_S)
+
+    def latest(self) -> int:
+        with self.lock:
+            return self.samples[-1][1] if self.samples else 0
+
+    def peak_between(self, start: float, end: float) -> int:
+        with self.lock:
+            return max((v for t, v in self.samples if start <= t <= end), default=0)
+
+
+# -- coordinator ------------------------------------------------------------------------------
+
+
+def _mib(n: int) -> float:
+    return n / 2**20
+
+
+def _say(text: str) -> None:
+    print(f"soak: {text}", file=sys.stderr, flush=True)
+
+
+@dataclass
+class _Run:
+    options: _Options
+    minutes: float
+    calibrate_s: float
+    ctx: SpawnContext = field(default_factory=lambda: multiprocessing.get_context("spawn"))
+    processes: list[BaseProcess] = field(default_factory=list)
+    producer_reports: dict[int, _ProducerReport] = field(default_factory=dict)
+    consumer_report: _ConsumerReport | None = None
+    failures: list[str] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.shared = _Shared.create(self.ctx, self.options.producers)
+        self.token = secrets.token_hex(4).encode()
+        self.log = _BrokerLog()
+
+    def _accepted(self) -> int:
+        return sum(self.shared.accepted)
+
+    def _wait_for(self, want: int, what: str, timeout_s: float) -> None:
+        """Collect reports until ``want`` of kind ``what`` arrived."""
+        deadline = time.monotonic() + timeout_s
+        got = 0
+        while got < want:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError(f"only {got} of {want} {what} within {timeout_s:g} s")
+            try:
+                report = self.shared.results.get(timeout=min(left, 1.0))
+            except queue.Empty:
+                if not any(p.is_alive() for p in self.processes):
+                    raise RuntimeError(
+                        f"every process exited; only {got} of {want} {what}"
+                    ) from None
+                continue
+            if isinstance(report, _ProducerReport):
+                self.producer_reports[report.index] = report
+                if report.failure:
+                    self.failures.append(f"producer {report.index}: {report.failure}")
+                if what == "producer reports":
+                    got += 1
+                else:
+                    raise RuntimeError(f"producer {report.index} ended early: {report.failure}")
+            elif isinstance(report, _ConsumerReport):
+                self.consumer_report = report
+                if report.failure:
+                    self.failures.append(f"consumer: {report.failure}")
+                if what == "consumer report":
+                    got += 1
+                else:
+                    raise RuntimeError(f"the consumer ended early: {report.failure}")
+            elif what == "ready notices":
+                got += 1
+
+    def run(self) -> dict[str, Any]:
+        options = self.options
+        config = soak_config(
+            send_timeout_ms=options.send_timeout_ms, destination=options.destination
+        )
+        server = ServerProcess.broker(config=config)
+        server.on_line = self.log.feed
+        server.start()
+        _say(f"broker (pid {server.pid}) ready on {server.host}:{server.port}")
+        sampler: _MemorySampler | None = None
+        try:
+            sampler = _MemorySampler(server.pid)
+            summary = self._run(server, sampler)
+        finally:
+            if sampler is not None:
+                sampler.finish.set()
+            self.shared.stop_producers.set()
+            self.shared.stop_consumer.set()
+            for process in self.processes:
+                process.join(5)
+                if process.is_alive():
+                    process.terminate()
+                    process.join(5)
+            try:
+                server.stop_checked()
+            except ServerError as exc:
+                self.failures.append(str(exc))
+        summary["failures"] = self.failures
+        return summary
+
+    def _run(self, server: ServerProcess, sampler: _MemorySampler) -> dict[str, Any]:
+        options = self.options
+        shared = self.shared
+        args = (options, server.host, server.port, self.token, shared)
+        consumer = self.ctx.Process(target=_consumer_main, args=args, name="soak-consumer")
+        consumer.start()
+        self.processes.append(consumer)
+        self._wait_for(1, "ready notices", _STARTUP_TIMEOUT_S)
+        for index in range(options.producers):
+            process = self.ctx.Process(
+                target=_producer_main, args=(index, *args), name=f"soak-producer-{index}"
+            )
+            process.start()
+            self.processes.append(process)
+        self._wait_for(options.producers, "ready notices", _STARTUP_TIMEOUT_S)
+
+        idle, _ = sampler.sample()
+        sampler.start()
+        started = time.monotonic()
+        shared.start.set()
+        _say(
+            f"{options.producers} producers at full speed; calibrating for {self.calibrate_s:g} s"
+            " with the consumer at full speed"
+        )
+        # Calibration: the rate from the first second on (connections warm, processes up).
+        first = min(1.0, self.calibrate_s / 3)
+        time.sleep(first)
+        at_first = self._accepted()
+        time.sleep(self.calibrate_s - first)
+        calibrated = (self._accepted() - at_first) / (self.calibrate_s - first)
+        consumer_rate = max(1.0, calibrated * CONSUMER_SHARE)
+        shared.rate[0] = consumer_rate
+        soak_start = time.monotonic()
+        accepted_at_start = self._accepted()
+        received_at_start = shared.received[0]
+        sent_at_start = sum(shared.sent)
+        refused_at_start = sum(shared.refused)
+        stops_at_start, starts_at_start = self.log.snapshot()
+        _say(
+            f"producers reached {calibrated:,.0f} msgs/s; the consumer now takes "
+            f"{consumer_rate:,.0f}/s for {self.minutes:g} min"
+        )
+
+        soak_s = self.minutes * 60
+        next_progress = soak_start + _PROGRESS_S
+        while (now := time.monotonic()) < soak_start + soak_s:
+            if not all(p.is_alive() for p in self.processes):
+                self.failures.append("a producer or the consumer exited during the soak")
+                break
+            if now >= next_progress:
+                next_progress += _PROGRESS_S
+                self._progress(now - soak_start, sampler)
+            time.sleep(min(0.2, soak_start + soak_s - now))
+        soak_end = time.monotonic()
+        soak_end_pss = sampler.latest()
+        accepted_at_end = self._accepted()
+        received_at_end = shared.received[0]
+        sent_at_end = sum(shared.sent)
+        refused_at_end = sum(shared.refused)
+        stops_at_end, starts_at_end = self.log.snapshot()
+        stopped_at_end_s = self.log.still_stopped_s()
+
+        # The end: producers settle what is in flight and report; then the consumer drains.
+        shared.stop_producers.set()
+        self._wait_for(
+            options.producers, "producer reports", 2 * options.stall_s + _STARTUP_TIMEOUT_S
+        )
+        accepted = sum(r.status.count(_ACCEPTED) for r in self.producer_reports.values())
+        _say(f"producers stopped; draining {accepted - shared.received[0]:,} messages")
+        shared.rate[0] = -1.0
+        drain_start = time.monotonic()
+        received_at_drain = shared.received[0]
+        last_count, last_change = received_at_drain, drain_start
+        while shared.received[0] < accepted:
+            time.sleep(0.05)
+            now = time.monotonic()
+            if shared.received[0] != last_count:
+                last_count, last_change = shared.received[0], now
+            elif now - last_change > _DRAIN_STALL_S:
+                _say(f"nothing arrived for {_DRAIN_STALL_S:g} s; giving up the drain")
+                break
+            if not consumer.is_alive():
+                break
+        drain_end = time.monotonic()
+        time.sleep(_DUPLICATE_GRACE_S)
+        shared.stop_consumer.set()
+        self._wait_for(1, "consumer report", _STARTUP_TIMEOUT_S)
+        sampler.finish.set()
+        sampler.join(5)
+        after_drain_pss = sampler.sample()[0]
+        return self._summary(
+            idle=idle,
+            sampler=sampler,
+            started=started,
+            calibrated=calibrated,
+            consumer_rate=consumer_rate,
+            soak=(soak_start, soak_end),
+            drain=(drain_start, drain_end),
+            drained=shared.received[0] - received_at_drain,
+            soak_counts={
+                "sent": sent_at_end - sent_at_start,
+                "accepted": accepted_at_end - accepted_at_start,
+                "refused": refused_at_end - refused_at_start,
+                "received": received_at_end - received_at_start,
+                "stops": stops_at_end - stops_at_start,
+                "starts": starts_at_end - starts_at_start,
+            },
+            soak_end_pss=soak_end_pss,
+            after_drain_pss=after_drain_pss,
+            stopped_at_end_s=stopped_at_end_s,
+        )
+
+    def _progress(self, elapsed: float, sampler: _MemorySampler) -> None:
+        shared = self.shared
+        accepted = self._accepted()
+        received = shared.received[0]
+        stops, starts = self.log.snapshot()
+        _say(
+            f"{elapsed / 60:4.1f} min: accepted {accepted:,}, refused {sum(shared.refused):,},"
+            f" received {received:,}, backlog {accepted - received:,};"
+            f" broker {sampler.kind} {_mib(sampler.latest()):.1f} MiB"
+            f" (peak {_mib(sampler.peak):.1f}); flow stops {stops}, starts {starts}"
+        )
+
+    def _summary(
+        self,
+        *,
+        idle: int,
+        sampler: _MemorySampler,
+        started: float,
+        calibrated: float,
+        consumer_rate: float,
+        soak: tuple[float, float],
+        drain: tuple[float, float],
+        drained: int,
+        soak_counts: dict[str, int],
+        soak_end_pss: int,
+        after_drain_pss: int,
+        stopped_at_end_s: float,
+    ) -> dict[str, Any]:
+        options = self.options
+        reports = [self.producer_reports[i] for i in sorted(self.producer_reports)]
+        consumer = self.consumer_report or _ConsumerReport()
+        tallies = {"accepted": 0, "refused": 0, "dropped": 0, "unknown": 0}
+        lost = duplicates = unaccepted_delivered = unknown_delivered = 0
+        for report in reports:
+            counts = consumer.counts[report.index] if report.index < len(consumer.counts) else b""
+            status = report.status
+            tallies["accepted"] += status.count(_ACCEPTED)
+            tallies["refused"] += status.count(_REFUSED)
+            tallies["dropped"] += status.count(_DROPPED)
+            tallies["unknown"] += status.count(_UNKNOWN) + status.count(_IN_FLIGHT)
+            for seq, state in enumerate(status):
+                n = counts[seq] if seq < len(counts) else 0
+                if state == _ACCEPTED:
+                    if n == 0:
+                        lost += 1
+                    elif n > 1:
+                        duplicates += n - 1
+                elif n:
+                    if state in (_REFUSED, _DROPPED):
+                        unaccepted_delivered += n
+                    else:
+                        unknown_delivered += n
+            # Anything that arrived with a sequence number that was never sent.
+            unaccepted_delivered += sum(counts[len(status) :])
+        sent = sum(len(r.status) for r in reports)
+        soak_s = soak[1] - soak[0]
+        drain_s = drain[1] - drain[0]
+        refusals: collections.Counter[str] = collections.Counter()
+        for report in reports:
+            refusals.update(dict(report.refusals))
+        half = (soak[0] + soak[1]) / 2
+        with self.log.lock:
+            stops_by = dict(self.log.stops)
+            log_summary = {
+                "flow_stops": sum(self.log.stops.values()),
+                "flow_starts": self.log.starts,
+                "flow_stops_by_limit": stops_by,
+                "longest_flow_stop_s": round(self.log.longest_stop_s, 2),
+                "refused_sends_logged": self.log.refused_sends,
+                "other_warnings": self.log.other_warnings,
+                "first_warnings": list(self.log.first_warnings),
+            }
+        summary: dict[str, Any] = {
+            "command": {
+                "minutes": self.minutes,
+                "producers": options.producers,
+                "size": options.size,
+                "persistent": options.persistent,
+                "send_timeout_ms": options.send_timeout_ms,
+                "destination": options.destination,
+                "msg_high": MSG_HIGH,
+                "msg_low": MSG_LOW,
+            },
+            "duration_s": round(drain[1] - started, 1),
+            "soak_s": round(soak_s, 1),
+            "calibrated_rate": round(calibrated),
+            "consumer_target_rate": round(consumer_rate),
+            "soak_sent_rate": round(soak_counts["sent"] / soak_s),
+            "soak_accepted_rate": round(soak_counts["accepted"] / soak_s),
+            "soak_refused": soak_counts["refused"],
+            "soak_consumer_rate": round(soak_counts["received"] / soak_s),
+            "soak_flow_stops": soak_counts["stops"],
+            "soak_flow_starts": soak_counts["starts"],
+            "stopped_at_soak_end_s": round(stopped_at_end_s, 2),
+            "drain_s": round(drain_s, 1),
+            "drained": drained,
+            "drain_rate": round(drained / drain_s) if drain_s > 0 else 0,
+            "sent": sent,
+            **tallies,
+            "received": consumer.received,
+            "redelivered": consumer.redelivered,
+            "foreign": consumer.foreign,
+            "lost": lost,
+            "duplicates": duplicates,
+            "delivered_not_accepted": unaccepted_delivered,
+            "unknown_delivered": unknown_delivered,
+            "connections": sum(r.connections for r in reports),
+            "refusal_messages": dict(refusals.most_common(5)),
+            "longest_receipt_s": round(max((r.longest_receipt_s for r in reports), default=0), 3),
+            "longest_refusal_s": round(max((r.longest_refusal_s for r in reports), default=0), 3),
+            "slow_receipts": sum(r.slow_receipts for r in reports),
+            "producer_problems": [p for r in reports for p in r.problems][:10],
+            "producer_problem_count": sum(len(r.problems) for r in reports),
+            "memory_kind": sampler.kind,
+            "broker_processes": sampler.processes,
+            "idle_mib": round(_mib(idle), 1),
+            "peak_mib": round(_mib(sampler.peak), 1),
+            "peak_at_s": round(sampler.peak_at - started, 1),
+            "peak_rss_sum_mib": round(_mib(sampler.peak_rss), 1),
+            "peak_parts_mib": {k: round(_mib(v), 1) for k, v in sorted(sampler.peak_parts.items())},
+            "peak_first_half_mib": round(_mib(sampler.peak_between(soak[0], half)), 1),
+            "peak_second_half_mib": round(_mib(sampler.peak_between(half, soak[1])), 1),
+            "soak_end_mib": round(_mib(soak_end_pss), 1),
+            "after_drain_mib": round(_mib(after_drain_pss), 1),
+            **log_summary,
+        }
+        summary["ok"] = (
+            lost == 0
+            and duplicates == 0
+            and unaccepted_delivered == 0
+            and consumer.foreign == 0
+            and tallies["unknown"] == 0
+            and not self.failures
+        )
+        return summary
+
+
+def format_summary(s: dict[str, Any]) -> str:
+    """The summary as text."""
+    c = s["command"]
+    kind = s["memory_kind"]
+    lines = [
+        f"slow-consumer soak: {c['producers']} producers, {c['size']}-byte"
+        f" {'persistent' if c['persistent'] else 'non-persistent'} messages to"
+        f" {c['destination']} (msg_high {c['msg_high']}, msg_low {c['msg_low']},"
+        f" send_timeout_ms {c['send_timeout_ms']})",
+        f"duration: {s['duration_s']:g} s (soak {s['soak_s']:g} s, drain {s['drain_s']:g} s)",
+        f"producers: {s['calibrated_rate']:,} msgs/s accepted at full speed (calibration);"
+        f" during the soak {s['soak_sent_rate']:,}/s sent, {s['soak_accepted_rate']:,}/s"
+        f" accepted, {s['soak_refused']:,} refused",
+        f"consumer: {s['consumer_target_rate']:,} msgs/s target, {s['soak_consumer_rate']:,}/s"
+        f" during the soak; drained the last {s['drained']:,} at {s['drain_rate']:,}/s",
+        f"messages: sent {s['sent']:,} = accepted {s['accepted']:,} + refused {s['refused']:,}"
+        f" + dropped behind a refusal {s['dropped']:,} + unknown {s['unknown']:,};"
+        f" received {s['received']:,}",
+        f"lost: {s['lost']:,}; duplicates: {s['duplicates']:,}; delivered without being"
+        f" accepted: {s['delivered_not_accepted']:,}; redelivered: {s['redelivered']:,}",
+        f"broker memory ({kind}, {s['broker_processes']} processes): idle {s['idle_mib']} MiB,"
+        f" peak {s['peak_mib']} MiB at {s['peak_at_s']:g} s"
+        f" (x{s['peak_mib'] / max(s['idle_mib'], 0.1):.2f}); peak in the soak's first half"
+        f" {s['peak_first_half_mib']} MiB, second half {s['peak_second_half_mib']} MiB;"
+        f" at its end {s['soak_end_mib']} MiB, after the drain {s['after_drain_mib']} MiB;"
+        f" peak of the summed RSS {s['peak_rss_sum_mib']} MiB",
+        "  at the peak: " + ", ".join(f"{role} {mib}" for role, mib in s["peak_parts_mib"].items()),
+        f"flow control: {s['flow_stops']} stops, {s['flow_starts']} starts"
+        f" ({s['soak_flow_stops']} / {s['soak_flow_starts']} during the soak);"
+        f" longest stop {s['longest_flow_stop_s']:g} s",
+        f"  stops by limit: {s['flow_stops_by_limit']}",
+        f"producers waited at most {s['longest_receipt_s']:g} s for a RECEIPT"
+        f" ({s['slow_receipts']:,} took over 1 s), {s['longest_refusal_s']:g} s for an ERROR;"
+        f" {s['connections']} connections",
+    ]
+    if s["refusal_messages"]:
+        lines.append(f"  refusals: {s['refusal_messages']}")
+    lines.append(
+        f"broker log: {s['refused_sends_logged']:,} refused SENDs, {s['other_warnings']} other"
+        " warnings or errors"
+    )
+    lines += [f"  {w}" for w in s["first_warnings"]]
+    if s["producer_problem_count"]:
+        lines.append(f"producer problems ({s['producer_problem_count']}):")
+        lines += [f"  {p}" for p in s["producer_problems"]]
+    lines += [f"FAILURE: {f}" for f in s["failures"]]
+    lines.append("ok: nothing lost" if s["ok"] else "FAILED")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.soak",
+        description="Slow-consumer soak: producers at full speed, one consumer at 10 %% of"
+        " their rate; reports broker memory, flow stops/starts and that nothing was lost.",
+    )
+    parser.add_argument("--minutes", type=float, default=5.0, help="soak length (default 5)")
+    parser.add_argument("--producers", type=int, default=2, help="producer processes (default 2)")
+    parser.add_argument("--size", type=int, default=1000, help="body bytes (default 1000)")
+    parser.add_argument("--persistent", action="store_true", help="send with persistent:true")
+    parser.add_argument(
+        "--send-timeout-ms",
+        type=int,
+        default=2000,
+        help="flow.send_timeout_ms of the broker (default 2000)",
+    )
+    parser.add_argument("--destination", default="/queue/soak", help="default /queue/soak")
+    parser.add_argument(
+        "--calibrate-seconds",
+        type=float,
+        default=5.0,
+        help="full-speed phase that measures the producers' rate (default 5)",
+    )
+    parser.add_argument("--json", action="store_true", help="print the summary as one JSON line")
+    args = parser.parse_args(argv)
+    if args.minutes <= 0 or args.producers < 1 or args.calibrate_seconds < 1:
+        parser.error("--minutes must be positive, --producers and --calibrate-seconds >= 1")
+    if args.size < BODY_HEADER_BYTES:
+        parser.error(f"--size must be at least {BODY_HEADER_BYTES}")
+    if not args.destination.startswith("/queue/"):
+        parser.error("--destination must be a /queue/NAME")
+    if args.send_timeout_ms < 0:
+        parser.error("--send-timeout-ms must not be negative")
+    options = _Options(
+        destination=args.destination,
+        size=args.size,
+        persistent=args.persistent,
+        producers=args.producers,
+        send_timeout_ms=args.send_timeout_ms,
+    )
+    run = _Run(options, args.minutes, args.calibrate_seconds)
+    try:
+        summary = run.run()
+    except (ServerError, TimeoutError, RuntimeError) as exc:
+        _say(f"aborted: {describe(exc)}")
+        for failure in run.failures:
+            _say(failure)
+        return 1
+    print(json.dumps(summary) if args.json else format_summary(summary), flush=True)
+    return 0 if summary["ok"] else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,68 @@
+"""The slow-consumer soak, briefly: flow control engages and nothing is lost.
+
+A 6-second soak (after a 2-second calibration) against a broker the soak starts itself. The
+send timeout is short (100 ms) so that held SENDs are also refused, which exercises the
+ERROR, reconnect and reconciliation path; no assertion looks at speed or memory.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+RUN_TIMEOUT_S = 120
+
+
+def test_a_short_soak_loses_nothing_and_stops_the_producers() -> None:
+    # A session of its own, so that if the soak hangs, killing its process group also ends
+    # the broker and the producer and consumer processes.
+    process = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "bench.soak",
+            "--minutes",
+            "0.1",
+            "--calibrate-seconds",
+            "2",
+            "--send-timeout-ms",
+            "100",
+            "--json",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        out, err = process.communicate(timeout=RUN_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        out, err = process.communicate()
+        pytest.fail(f"the soak did not finish within {RUN_TIMEOUT_S} s:\n{out}\n{err}")
+    lines = out.strip().splitlines()
+    assert lines, f"no output; stderr:\n{err}"
+    summary = json.loads(lines[-1])
+    assert process.returncode == 0, f"{summary}\n{err}"
+    assert summary["ok"] and summary["failures"] == []
+    assert summary["lost"] == 0
+    assert summary["duplicates"] == 0
+    assert summary["delivered_not_accepted"] == 0
+    assert summary["unknown"] == 0
+    assert summary["sent"] == (summary["accepted"] + summary["refused"] + summary["dropped"])
+    assert summary["received"] == summary["accepted"] > 0
+    # Flow control engaged and let the producers go again.
+    assert summary["flow_stops"] >= 1
+    assert summary["flow_starts"] >= 1
+    # A held SEND outlived the 100 ms send timeout: refused with an ERROR, and the broker's
+    # log says so once per refusal.
+    assert summary["refused"] >= 1
+    assert summary["refused_sends_logged"] == summary["refused"]
+    assert summary["peak_mib"] > 0
