@@ -32,7 +32,7 @@ import msgspec
 from mpbroker.clock import epoch_ms
 from mpbroker.config import Config
 from mpbroker.engine import ConsumerKey, Outbox, QueueEngine, StoredRef, TopicEngine
-from mpbroker.flow import FlowTracker
+from mpbroker.flow import FlowTracker, expired_log_line, expiry_policies
 from mpbroker.records import (
     Ack,
     ConnClosed,
@@ -58,6 +58,7 @@ from .persistence import refuse_unstored
 __all__ = ["Durables", "TopicPersistence", "durable_queue"]
 
 log = logging.getLogger("mpbroker.pipeline")
+expiry_log = logging.getLogger("mpbroker.expiry")
 
 _QUEUE_PREFIX = "durable:"
 PRIORITIES = 10  # JMS priorities 0-9: the replay keeps a position in each
@@ -106,6 +107,16 @@ class TopicPersistence:
         self.cleanup_gap_ms = settings.cleanup_gap_ms
         self.scan_interval_ms = int(config.queues.expiry_scan_interval_s * 1000)
         self.next_scan_ms = 0
+        self.configure_expiry(config)
+
+    def configure_expiry(self, config: Config) -> None:
+        self.expiry_for = expiry_policies(config, owns=lambda destination: False)
+        # Reading expired messages back only pays when some topic logs them.
+        self.logs_expiry = config.queues.expiry_policy != "discard" or any(
+            t.expiry_policy not in (None, "discard")
+            for t in config.destinations
+            if t.pattern.startswith("/topic/")
+        )
 
     def offer(self, gateway: int, record: Send, names: tuple[str, ...]) -> None:
         if self.buffer.add((gateway, record, names), record.message.size, epoch_ms()):
@@ -140,6 +151,21 @@ class TopicPersistence:
         if due is not None and due <= 0:
             self.commit()
 
+    def expire(self, seqs: list[int], now: int) -> None:
+        """Stored messages whose time is up, for every subscription (expiry is the
+        message's): the `log` policy describes each first. Topics have no error
+        destination of their own here, so `redirect` logs them too (noted in the log)."""
+        if self.logs_expiry:
+            for seq in seqs:
+                try:
+                    message = self.store.messages.read(seq).message
+                except KeyError:
+                    continue  # settled meanwhile
+                policy = self.expiry_for(message.destination)
+                if policy.policy != "discard":
+                    expiry_log.info("%s", expired_log_line(message, policy.log_fields))
+        self.store.expire(seqs, now)
+
     def write_back(self, engine: QueueEngine) -> None:
         """Record what the subscriptions acknowledged, returned and let expire; run the
         store's expiry scan when it is due (a batch at a time, `cleanup_gap_ms` apart)."""
@@ -154,7 +180,7 @@ class TopicPersistence:
             if self.scan_interval_ms and now >= self.next_scan_ms:
                 seqs = self.store.expired(now, self.cleanup_batch)
                 if seqs:
-                    self.store.expire(seqs, now)
+                    self.expire(seqs, now)
                     log.info("expired %d stored topic messages", len(seqs))
                 full = len(seqs) == self.cleanup_batch
                 self.next_scan_ms = now + (self.cleanup_gap_ms if full else self.scan_interval_ms)
@@ -292,7 +318,7 @@ class Durables:
         d.request_id = 0
         if batch.expired:
             try:
-                self.store.ack([(d.name, seq) for seq in batch.expired], "expired", epoch_ms())
+                self.persistence.expire(batch.expired, epoch_ms())
             except StoreError as exc:
                 log.error("store error while settling expired messages: %s", exc)
         queue = durable_queue(d.name)

@@ -503,7 +503,9 @@ class Pipeline:
                 _live_marks(config),
                 Watermark(topics.global_live_msg_high, topics.global_live_msg_low),
             )
-        if self.durables is None:
+        if self.durables is not None:
+            self.durables.persistence.configure_expiry(config)
+        else:
             topology = spec.layout.topology
             self.queue_engine.expiry_for = expiry_policies(
                 config, owns=lambda queue: topology.owner(queue) == spec.index

@@ -241,3 +241,33 @@ def test_the_backlog_is_replayed_highest_priority_first_across_batches(
     back = durable(broker, raw, "p", topic, prefetch=10)
     expected = [b"urgent%d" % n for n in range(3)] + [b"low%03d" % n for n in range(100)]
     assert take(back, 104) == [*expected, b"lowest"]
+
+
+def test_the_log_expiry_policy_describes_stored_topic_messages_that_expire(
+    start_broker: type[BrokerProcess], raw: RawFactory
+) -> None:
+    config = (
+        '[queues]\nexpiry_scan_interval_s = 0.2\n[destinations."/topic/logged"]\n'
+        'expiry_policy = "log"\nexpiry_log_fields = "JMSDestination,colour"\n'
+    )
+    broker = start_broker("--gateways", "1", config=config)
+    leave(durable(broker, raw, "away", "/topic/logged"))
+    producer = raw(broker)
+    producer.connect()
+    producer.send(
+        "SEND",
+        {
+            "destination": "/topic/logged",
+            "persistent": "true",
+            "ttl": "100",
+            "colour": "red",
+            "receipt": "r",
+        },
+        b"short-lived",
+    )
+    assert producer.recv().command == "RECEIPT"
+    broker.wait_for_log(
+        r"<ExpiredJMSMessage JMSMessageID='ID-\S+' > <HeaderFields "
+        r"JMSDestination='/topic/logged' /> <UserProperties colour='red' /> </ExpiredJMSMessage>"
+    )
+    wait_until(lambda: pending_rows(broker.data_dir) == 0)
