@@ -40,21 +40,21 @@ def render_flow(data: dict[str, Any]) -> str:
     parts = []
     dest_rows = []
     for d in data["destinations"]:
-        if "stores" in d:  # a queue: one line per store that holds something or stops it
-            for store, s in d["stores"].items():
-                if s["messages"] or s["stopped"]:
-                    dest_rows.append(
-                        [
-                            d["name"],
-                            store,
-                            s["messages"],
-                            s["bytes"],
-                            _mark(s["msg_high"], s["msg_low"]),
-                            _mark(s["byte_high"], s["byte_low"]),
-                            s["stopped"] or "no",
-                        ]
-                    )
-        else:  # a topic: its live buffer
+        # Per store what the destination holds, where it holds something or is stopped.
+        for store, s in d.get("stores", {}).items():
+            if s["messages"] or s["stopped"]:
+                dest_rows.append(
+                    [
+                        d["name"],
+                        store,
+                        s["messages"],
+                        s["bytes"],
+                        _mark(s["msg_high"], s["msg_low"]),
+                        _mark(s["byte_high"], s["byte_low"]),
+                        s["stopped"] or "no",
+                    ]
+                )
+        if "deepest_backlog" in d:  # a topic: its live buffer too
             dest_rows.append(
                 [
                     d["name"],

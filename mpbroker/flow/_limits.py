@@ -179,6 +179,10 @@ class FlowTracker:
         """(messages, bytes) the store holds over all destinations."""
         return (self._total_messages, self._total_bytes)
 
+    def tracked_destinations(self) -> list[str]:
+        """The destinations that hold something or are stopped."""
+        return list(self._entries)
+
     @property
     def tracked(self) -> int:
         """Destinations with an entry: those that hold something or are stopped."""

@@ -36,35 +36,23 @@ def _marks(limits: StoreLimits) -> dict[str, int]:
     }
 
 
-def queues(engine: QueueEngine, trackers: list[tuple[str, FlowTracker]]) -> dict[str, Any]:
-    """Every queue: waiting and unacknowledged messages, and per store its counts,
-    watermarks and stop; the stores' global counts and stops."""
-    rows: list[dict[str, Any]] = []
-    for name, queue in sorted(engine.queues.items()):
-        stores: dict[str, Any] = {}
-        for store, tracker in trackers:
-            messages, nbytes = tracker.counts(name)
-            limits = (
-                tracker.destination_limits(name) if tracker.destination_limits else tracker.limits
-            )
-            stores[store] = {
-                "messages": messages,
-                "bytes": nbytes,
-                **_marks(limits),
-                "stopped": tracker.stopped().get(name, ""),
-            }
-        rows.append(
-            {
-                "name": name,
-                "waiting": len(queue.pending),
-                "unacknowledged": queue.held_messages - len(queue.pending),
-                "consumers": len(queue.consumers),
-                "stores": stores,
-            }
-        )
-    out: dict[str, Any] = {}
-    _cut(rows, "destinations", out)
-    out["stores"] = {
+def _store_rows(name: str, trackers: list[tuple[str, FlowTracker]]) -> dict[str, Any]:
+    """Per store: what `name` holds there, its watermarks and its stop."""
+    stores: dict[str, Any] = {}
+    for store, tracker in trackers:
+        messages, nbytes = tracker.counts(name)
+        limits = tracker.destination_limits(name) if tracker.destination_limits else tracker.limits
+        stores[store] = {
+            "messages": messages,
+            "bytes": nbytes,
+            **_marks(limits),
+            "stopped": tracker.stopped().get(name, ""),
+        }
+    return stores
+
+
+def _global_rows(trackers: list[tuple[str, FlowTracker]]) -> dict[str, Any]:
+    return {
         store: {
             "messages": tracker.totals[0],
             "bytes": tracker.totals[1],
@@ -76,14 +64,40 @@ def queues(engine: QueueEngine, trackers: list[tuple[str, FlowTracker]]) -> dict
         }
         for store, tracker in trackers
     }
+
+
+def queues(engine: QueueEngine, trackers: list[tuple[str, FlowTracker]]) -> dict[str, Any]:
+    """Every queue: waiting and unacknowledged messages, and per store its counts,
+    watermarks and stop; the stores' global counts and stops."""
+    rows: list[dict[str, Any]] = []
+    for name, queue in sorted(engine.queues.items()):
+        stores = _store_rows(name, trackers)
+        rows.append(
+            {
+                "name": name,
+                "waiting": len(queue.pending),
+                "unacknowledged": queue.held_messages - len(queue.pending),
+                "consumers": len(queue.consumers),
+                "stores": stores,
+            }
+        )
+    out: dict[str, Any] = {}
+    _cut(rows, "destinations", out)
+    out["stores"] = _global_rows(trackers)
     return out
 
 
-def topics(engine: TopicEngine) -> dict[str, Any]:
-    """Every topic: subscribers, the slowest one's backlog, the live watermark and stop."""
+def topics(engine: TopicEngine, trackers: list[tuple[str, FlowTracker]]) -> dict[str, Any]:
+    """Every topic with subscribers or stored messages: subscribers, the slowest one's
+    backlog, the live watermark and stop, and what its durable backlog holds in the topic
+    store; the topic store's and the live buffer's global figures."""
     stops = engine.live_stops()
     rows = []
-    for name, subscribers in sorted(engine.topics.items()):
+    names = set(engine.topics) | {
+        name for _, tracker in trackers for name in tracker.tracked_destinations()
+    }
+    for name in sorted(names):
+        subscribers = engine.topics.get(name, [])
         mark = engine.live_mark_for(name)
         rows.append(
             {
@@ -93,10 +107,18 @@ def topics(engine: TopicEngine) -> dict[str, Any]:
                 "live_msg_high": mark.high,
                 "live_msg_low": mark.low,
                 "stopped": stops.get(name, ""),
+                "stores": _store_rows(name, trackers),
             }
         )
     out: dict[str, Any] = {}
     _cut(rows, "destinations", out)
+    out["stores"] = _global_rows(trackers)
+    out["live_buffer"] = {
+        "messages": engine.live_total,
+        "global_live_msg_high": engine.global_live.mark.high,
+        "global_live_msg_low": engine.global_live.mark.low,
+        "stopped": stops.get("", ""),
+    }
     return out
 
 

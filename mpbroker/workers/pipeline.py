@@ -529,7 +529,7 @@ class Pipeline:
             snapshot.update(_stats.consumers(self.queue_engine))
         else:
             assert self.topic_engine is not None
-            snapshot.update(_stats.topics(self.topic_engine))
+            snapshot.update(_stats.topics(self.topic_engine, self.flow_trackers))
             snapshot.update(_stats.consumers(self.topic_engine, self.queue_engine))
             snapshot["durable_subscriptions"] = self.durables.stats()
         _stats.publish(self.stats, snapshot)

@@ -113,3 +113,43 @@ def test_admin_command_says_when_no_broker_answers() -> None:
     )
     assert done.returncode == 1
     assert "cannot reach the admin API at http://127.0.0.1:1/status" in done.stderr
+
+
+def test_flow_shows_what_a_topic_holds_for_durable_subscribers(
+    start_broker: type[BrokerProcess], raw: RawFactory
+) -> None:
+    broker = start_broker("--gateways", "1")
+    subscriber = raw(broker)
+    subscriber.connect(**{"client-id": "app"})
+    subscriber.send(
+        "SUBSCRIBE",
+        {
+            "destination": "/topic/kept",
+            "id": "d",
+            "activemq.subscriptionName": "d",
+            "receipt": "s",
+        },
+    )
+    assert subscriber.recv().command == "RECEIPT"
+    subscriber.send("DISCONNECT", {"receipt": "bye"})
+    assert subscriber.recv().command == "RECEIPT"
+    producer = raw(broker)
+    producer.connect()
+    for n in range(3):
+        producer.send(
+            "SEND",
+            {"destination": "/topic/kept", "persistent": "true", "receipt": str(n)},
+            b"x" * 10,
+        )
+        assert producer.recv().command == "RECEIPT"
+
+    def kept() -> dict[str, Any] | None:
+        for row in get(broker, "/flow")["destinations"]:
+            if row["name"] == "/topic/kept" and row["stores"]["topic_store"]["messages"] == 3:
+                return dict(row)
+        return None
+
+    row = eventually(kept)
+    assert row["subscribers"] == 0 and row["stopped"] == ""
+    flow = get(broker, "/flow")
+    assert {d["name"]: d["state"] for d in flow["durable_subscriptions"]} == {"app/d": "inactive"}
