@@ -33,7 +33,15 @@ def render_status(data: dict[str, Any]) -> str:
         rows.append(
             [w["title"], w["state"], w["pid"], w["incarnation"], w["heartbeat_age_ms"], shown]
         )
-    return table(["worker", "state", "pid", "restarts", "heartbeat ms", "figures"], rows)
+    workers = table(["worker", "state", "pid", "restarts", "heartbeat ms", "figures"], rows)
+    memory = data.get("memory")
+    if not memory:
+        return workers
+    used, limit = memory["used_bytes"] / 2**20, memory["max_memory"] / 2**20
+    return (
+        f"memory: level {memory['level']}, {used:.0f} MiB of max_memory {limit:.0f} MiB "
+        f"({memory['percent']} %)\n\n{workers}"
+    )
 
 
 def render_flow(data: dict[str, Any]) -> str:

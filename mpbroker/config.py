@@ -28,6 +28,7 @@ __all__ = [
     "ConfigError",
     "DestinationSettings",
     "FlowSettings",
+    "MemorySettings",
     "QueueSettings",
     "QuotaConfig",
     "ReplaySettings",
@@ -357,6 +358,27 @@ class AdminSettings:
 
 
 @dataclass(frozen=True, slots=True)
+class MemorySettings:
+    """The broker's memory budget and MemWatch (iBus//MessageServer)."""
+
+    max_memory: int = _setting(
+        256 * MiB, "memory the whole broker may use (PSS of all its processes)", min=1, size=True
+    )
+    memwatch_interval_ms: int = _setting(
+        1000, "how often MemWatch measures the broker's memory (0 = off)", min=0
+    )
+    memwatch_levels: str = _setting(
+        "50,80", "percentages of max_memory where levels 1, 2, ... start (more may be added)"
+    )
+    memwatch_gc_intervals_ms: str = _setting(
+        "2000,750", "how often workers collect garbage at each of those levels (0 = never)"
+    )
+    memwatch_warn_level: int = _setting(
+        2, "entering this level (or a higher one) logs a warning (0 = never)", min=0
+    )
+
+
+@dataclass(frozen=True, slots=True)
 class CompressionSettings:
     """WebLogic's message compression: large bodies are stored and passed on compressed;
     consumers receive the original bytes."""
@@ -482,6 +504,7 @@ class Config:
     replay: ReplaySettings = field(default_factory=ReplaySettings)
     flow: FlowSettings = field(default_factory=FlowSettings)
     admin: AdminSettings = field(default_factory=AdminSettings)
+    memory: MemorySettings = field(default_factory=MemorySettings)
     compression: CompressionSettings = field(default_factory=CompressionSettings)
     # The seed's VolQueueStore: 16 MB high, 15 MB low; per queue, stop before the
     # hard queues.max_messages refusal.
@@ -731,6 +754,22 @@ def _quota_tables(data: object) -> tuple[QuotaConfig, ...]:
     return tuple(quotas)
 
 
+def _check_memory(config: Config) -> None:
+    from mpbroker.memwatch import parse_levels
+
+    memory = config.memory
+    try:
+        levels = parse_levels(memory.memwatch_levels, memory.memwatch_gc_intervals_ms)
+    except ValueError as exc:
+        raise ConfigError("memory.memwatch_levels", memory.memwatch_levels, str(exc)) from None
+    if memory.memwatch_warn_level > len(levels):
+        raise ConfigError(
+            "memory.memwatch_warn_level",
+            memory.memwatch_warn_level,
+            f"there are only {len(levels)} levels in memory.memwatch_levels",
+        )
+
+
 def _check_quotas(config: Config) -> None:
     names = {q.name for q in config.quotas}
     for table in config.destinations:
@@ -794,6 +833,7 @@ def _check_consistency(config: Config) -> None:
     _check_expiry(config)
     _check_rate_flow(config)
     _check_quotas(config)
+    _check_memory(config)
     if config.stomp.max_header_bytes > config.stomp.max_frame_bytes:
         raise ConfigError(
             "stomp.max_header_bytes",

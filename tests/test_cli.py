@@ -109,6 +109,7 @@ def test_config_show_prints_toml_that_reads_back_as_the_same_config(
         "replay",
         "flow",
         "admin",
+        "memory",
         "compression",
         "vol_queue_store",
         "pers_queue_store",

@@ -65,6 +65,7 @@ def test_every_setting_is_documented_and_listed_in_declaration_order() -> None:
         "replay",
         "flow",
         "admin",
+        "memory",
         "compression",
         "vol_queue_store",
         "pers_queue_store",

@@ -45,6 +45,7 @@ from mpbroker.stomp import (
 )
 
 from . import _stats
+from ._gc import LevelGC
 from ._layout import WorkerSpec
 from ._reload import ConfigWatch
 
@@ -143,6 +144,7 @@ class Gateway:
         self.stats = StatsBlock.attach(layout.stats(spec.slot))
         self.rate_for = rate_settings_for(self.config)
         self.config_watch = ConfigWatch(self.control, spec)
+        self.level_gc = LevelGC(self.control, spec.config)
 
     # -- rings ---------------------------------------------------------------------------
 
@@ -175,6 +177,7 @@ class Gateway:
                 await self.route(pending_routes)
             # The heartbeat says the event loop turns, busy or idle (park times out).
             self.slot.beat()
+            self.level_gc.tick()
             reloaded = self.config_watch.poll()
             if reloaded is not None:
                 # SIGHUP: send timeouts and rate-based flow as reloaded; held SENDs and

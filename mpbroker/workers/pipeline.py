@@ -58,6 +58,7 @@ from mpbroker.shm import (
 from mpbroker.stores import MessageStore, TopicStore
 
 from . import _stats
+from ._gc import LevelGC
 from ._layout import WorkerSpec, durable_registry, store_directory
 from ._outlet import Outlet
 from ._reload import ConfigWatch
@@ -110,6 +111,7 @@ class Pipeline:
         self.stats = StatsBlock.attach(layout.stats(spec.slot))
         self.next_stats_ms = 0
         self.config_watch = ConfigWatch(self.control, spec)
+        self.level_gc = LevelGC(self.control, spec.config)
         self.doorbell = Doorbell.create(layout.pipeline_bell(spec.index))
         self.gateway_bells = [
             Doorbell.attach(layout.gateway_bell(g), missing_ok=True) for g in range(layout.gateways)
@@ -465,6 +467,7 @@ class Pipeline:
             self.slot.set_counter(COUNTER_RECEIVED, self.engine.received)
             self.slot.set_counter(COUNTER_DELIVERED, self.engine.delivered)
             self._publish_stats()
+            self.level_gc.tick()
             reloaded = self.config_watch.poll()
             if reloaded is not None:
                 self.reload(reloaded)

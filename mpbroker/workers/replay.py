@@ -28,6 +28,7 @@ from mpbroker.shm import STATE_READY, ControlBlock, Doorbell, Ring, RingReader, 
 from mpbroker.stores import StoreError, TopicStoreReader
 
 from . import _stats
+from ._gc import LevelGC
 from ._layout import WorkerSpec, durable_registry, store_directory
 from ._outlet import Outlet
 
@@ -55,6 +56,7 @@ class ReplayWorker:
         self.control = ControlBlock.attach(layout.control)
         self.slot = self.control.slot(spec.slot)
         self.stats = StatsBlock.attach(layout.stats(spec.slot))
+        self.level_gc = LevelGC(self.control, config)
         self.next_stats_ms = 0
         self.doorbell = Doorbell.create(layout.replay_bell(spec.index))
         self.partitions = layout.served_by(spec.index)
@@ -204,6 +206,7 @@ class ReplayWorker:
             self.slot.set_counter(COUNTER_BATCHES, self.batches)
             self.slot.set_counter(COUNTER_MESSAGES, self.messages)
             self._publish_stats()
+            self.level_gc.tick()
             if busy:
                 continue
             if os.getppid() != parent:

@@ -22,9 +22,13 @@ from multiprocessing.process import BaseProcess
 from pathlib import Path
 from types import FrameType
 
+import psutil
+
 from mpbroker.config import Config, ConfigError, reload_flow_settings
+from mpbroker.memwatch import MemWatch, parse_levels
 from mpbroker.routing import Topology
 from mpbroker.shm import (
+    SHM_DIR,
     STATE_EMPTY,
     STATE_READY,
     ControlBlock,
@@ -92,6 +96,13 @@ class Supervisor:
         # SIGHUP: where the configuration is read again from (None: no file to reload).
         self.reload_source = reload_source
         self._reload = False
+        memory = config.memory
+        self.memwatch = MemWatch(
+            memory.max_memory,
+            parse_levels(memory.memwatch_levels, memory.memwatch_gc_intervals_ms),
+            memory.memwatch_warn_level,
+        )
+        self.next_memwatch = 0.0
         self._wakeup_r, self._wakeup_w = socket.socketpair()
 
     # -- set-up --------------------------------------------------------------------------
@@ -239,7 +250,19 @@ class Supervisor:
         refs: list[WorkerRef] = [
             (w.spec_title, w.role, w.index, self._slot_index(w)) for w in self.workers
         ]
-        return status_view(self.control, self.stats, refs)
+        status = status_view(self.control, self.stats, refs)
+        watch = self.memwatch
+        status["memory"] = {
+            "level": watch.level,
+            "used_bytes": watch.used,
+            "max_memory": watch.max_memory,
+            "percent": round(100 * watch.used / watch.max_memory, 1),
+            "levels": [
+                {"level": i, "percent": m.percent, "gc_interval_ms": m.gc_interval_ms}
+                for i, m in enumerate(watch.levels, start=1)
+            ],
+        }
+        return status
 
     # -- running -------------------------------------------------------------------------
 
@@ -278,6 +301,7 @@ class Supervisor:
                 self._reload = False
                 self.reload()
             now = time.monotonic()
+            self.watch_memory(now)
             self.kill_stalled()
             for worker in self.workers:
                 process = worker.process
@@ -319,6 +343,36 @@ class Supervisor:
                         worker.process.pid if worker.process else "?",
                         worker.incarnation,
                     )
+
+    def memory_used(self) -> int:
+        """The broker's memory now: the unique memory (USS) of every one of its processes
+        plus its shared-memory segments (counted once)."""
+        me = psutil.Process()
+        total = 0
+        for process in [me, *me.children(recursive=True)]:
+            with contextlib.suppress(psutil.Error):
+                total += process.memory_full_info().uss
+        prefix = f"mpb.{self.instance}."
+        with contextlib.suppress(OSError):
+            for entry in os.scandir(SHM_DIR):
+                if entry.name.startswith(prefix):
+                    with contextlib.suppress(OSError):
+                        total += entry.stat().st_blocks * 512
+        return total
+
+    def watch_memory(self, now: float) -> None:
+        """MemWatch: measure, publish the level for the workers, log what changed."""
+        interval = self.config.memory.memwatch_interval_ms / 1000
+        if not interval or now < self.next_memwatch or self.control is None:
+            return
+        self.next_memwatch = now + interval
+        note = self.memwatch.update(self.memory_used())
+        self.control.memwatch_level = self.memwatch.level
+        if note is not None:
+            if self.memwatch.level:
+                log.warning("%s", note)
+            else:
+                log.info("%s", note)
 
     def reload(self) -> None:
         """SIGHUP: read the configuration again and hand its flow settings to the workers

@@ -1,0 +1,73 @@
+"""MemWatch's level logic (iBus//MessageServer's MemWatch): how much of `max_memory` the
+broker uses, as a level every worker acts on. Pure: the supervisor passes the readings.
+
+Level 0 is below the first threshold; level i is reached at `thresholds[i-1]` percent of
+`max_memory`. Each level has a garbage-collection interval for the workers (0: none). The
+configured warning level (and above) logs a warning when it is entered; coming back to 0
+after a warning logs a note.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = ["MemLevel", "MemWatch", "parse_levels"]
+
+
+@dataclass(frozen=True, slots=True)
+class MemLevel:
+    percent: float  # of max_memory at which this level starts
+    gc_interval_ms: int  # how often workers collect garbage at this level (0: never)
+
+
+def parse_levels(percents: str, gc_intervals_ms: str) -> tuple[MemLevel, ...]:
+    """'50,80' and '2000,750' -> levels 1 and 2; ValueError saying what is wrong."""
+    try:
+        bounds = [float(p) for p in percents.split(",")]
+        intervals = [int(i) for i in gc_intervals_ms.split(",")]
+    except ValueError:
+        raise ValueError("must be comma-separated numbers, e.g. '50,80' and '2000,750'") from None
+    if len(bounds) != len(intervals):
+        raise ValueError(
+            f"{len(bounds)} level thresholds but {len(intervals)} gc intervals: one each"
+        )
+    if any(not 0 < p <= 100 for p in bounds) or bounds != sorted(set(bounds)):
+        raise ValueError(f"thresholds {bounds}: rising percentages above 0, at most 100")
+    if any(i < 0 for i in intervals):
+        raise ValueError(f"gc intervals {intervals}: milliseconds >= 0")
+    return tuple(MemLevel(p, i) for p, i in zip(bounds, intervals, strict=True))
+
+
+class MemWatch:
+    def __init__(self, max_memory: int, levels: tuple[MemLevel, ...], warn_level: int) -> None:
+        self.max_memory = max_memory
+        self.levels = levels
+        self.warn_level = warn_level
+        self.level = 0
+        self.used = 0
+        self.warned = False  # a warning was logged since the level was last 0
+
+    def level_for(self, used: int) -> int:
+        percent = 100 * used / self.max_memory
+        level = 0
+        for i, mark in enumerate(self.levels, start=1):
+            if percent >= mark.percent:
+                level = i
+        return level
+
+    def update(self, used: int) -> str | None:
+        """A new reading (bytes); the log line the change calls for, if any."""
+        self.used = used
+        before, self.level = self.level, self.level_for(used)
+        figures = f"{used / 2**20:.0f} MiB of max_memory {self.max_memory / 2**20:.0f} MiB"
+        if self.level >= self.warn_level > before and self.warn_level:
+            self.warned = True
+            return f"memory level {self.level}: {figures}"
+        if self.level == 0 and before and self.warned:
+            self.warned = False
+            return f"memory back to level 0: {figures}"
+        return None
+
+    def gc_interval_ms(self, level: int) -> int:
+        """How often workers collect garbage at `level` (0: never)."""
+        return self.levels[level - 1].gc_interval_ms if 0 < level <= len(self.levels) else 0
