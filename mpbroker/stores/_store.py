@@ -96,6 +96,39 @@ _UPSERT_DELIVERY: Final = (
 
 
 MessageRow = tuple[int, str, str, bytes, bytes, int, int, int, int, str]
+
+
+def message_from_row(row: MessageRow, deliveries: int) -> Message:
+    """A stored message (a row of `_SELECT_MESSAGE`) as the broker keeps it."""
+    (
+        seq,
+        message_id,
+        destination,
+        headers,
+        body,
+        timestamp_ms,
+        priority,
+        expires_ms,
+        size,
+        encoding,
+    ) = row
+    return Message(
+        message_id=message_id,
+        destination=destination,
+        headers=_decode_headers(headers),
+        body=body,
+        timestamp_ms=timestamp_ms,
+        persistent=True,
+        priority=priority,
+        expires_ms=expires_ms,
+        redelivered=deliveries > 0,
+        size=size,
+        seq=seq,
+        deliveries=deliveries,
+        encoding=encoding,
+    )
+
+
 IndexRow = tuple[int, str, str, int, int, int, int, str]
 _Row = TypeVar("_Row", MessageRow, IndexRow)
 
@@ -593,35 +626,8 @@ class MessageStore:
         return found
 
     def _stored(self, row: MessageRow) -> StoredMessage:
-        (
-            seq,
-            message_id,
-            destination,
-            headers,
-            body,
-            timestamp_ms,
-            priority,
-            expires_ms,
-            size,
-            encoding,
-        ) = row
-        deliveries = self._deliveries.get(seq, 0)
-        message = Message(
-            message_id=message_id,
-            destination=destination,
-            headers=_decode_headers(headers),
-            body=body,
-            timestamp_ms=timestamp_ms,
-            persistent=True,
-            priority=priority,
-            expires_ms=expires_ms,
-            redelivered=deliveries > 0,
-            size=size,
-            seq=seq,
-            deliveries=deliveries,
-            encoding=encoding,
-        )
-        return StoredMessage(seq, message, deliveries)
+        deliveries = self._deliveries.get(row[0], 0)
+        return StoredMessage(row[0], message_from_row(row, deliveries), deliveries)
 
     def _paged(self, row: IndexRow) -> StoredMessage:
         seq, message_id, destination, timestamp_ms, priority, expires_ms, size, encoding = row

@@ -41,7 +41,6 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, Final, TypeVar
 
-import msgspec
 import sqlite_utils
 
 from mpbroker.config import StoreSettings
@@ -57,7 +56,7 @@ from ._segment import (
     segment_index,
     segment_name,
 )
-from ._store import OUTCOMES, MessageRow, MessageStore
+from ._store import OUTCOMES, MessageRow, MessageStore, message_from_row
 
 __all__ = ["REGISTRY_MIGRATIONS", "BacklogBatch", "TopicStore", "TopicStoreReader"]
 
@@ -474,7 +473,6 @@ class TopicStore:
 
 # -- reading the backlog from another process ---------------------------------------------------
 
-_decode_headers = msgspec.msgpack.Decoder(dict[str, str]).decode
 
 _SELECT_FULL: Final = (
     "SELECT seq, message_id, destination, headers, body, timestamp_ms, priority, expires_ms,"
@@ -767,36 +765,8 @@ class TopicStoreReader:
             row = full.get(seq)
             if row is None:
                 continue  # its segment was retired between the two reads: settled meanwhile
-            (
-                _,
-                message_id,
-                destination,
-                headers,
-                body,
-                timestamp_ms,
-                priority,
-                expires_ms,
-                size,
-                encoding,
-            ) = row
             deliveries = pending_deliveries + (1 if seq < redeliver_below else 0)
-            messages.append(
-                Message(
-                    message_id=message_id,
-                    destination=destination,
-                    headers=_decode_headers(headers),
-                    body=body,
-                    timestamp_ms=timestamp_ms,
-                    persistent=True,
-                    priority=priority,
-                    expires_ms=expires_ms,
-                    redelivered=deliveries > 0,
-                    size=size,
-                    seq=seq,
-                    deliveries=deliveries,
-                    encoding=encoding,
-                )
-            )
+            messages.append(message_from_row(row, deliveries))
         return messages
 
     def close(self) -> None:
