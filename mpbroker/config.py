@@ -376,6 +376,14 @@ class MemorySettings:
     memwatch_warn_level: int = _setting(
         2, "entering this level (or a higher one) logs a warning (0 = never)", min=0
     )
+    # The theoretical limit on message size; a frame also carries headers, so it may not
+    # be above stomp.max_frame_bytes.
+    max_message_bytes: int = _setting(
+        -1,
+        "largest message body a SEND may carry (-1 = only stomp.max_frame_bytes bounds it)",
+        min=-1,
+        size=True,
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -758,6 +766,15 @@ def _check_memory(config: Config) -> None:
     from mpbroker.memwatch import parse_levels
 
     memory = config.memory
+    if memory.max_message_bytes == 0:
+        raise ConfigError("memory.max_message_bytes", 0, "no message could be sent (-1 = no limit)")
+    if memory.max_message_bytes > config.stomp.max_frame_bytes:
+        raise ConfigError(
+            "memory.max_message_bytes",
+            memory.max_message_bytes,
+            f"must not exceed stomp.max_frame_bytes = {config.stomp.max_frame_bytes} "
+            "(a message travels in one frame)",
+        )
     try:
         levels = parse_levels(memory.memwatch_levels, memory.memwatch_gc_intervals_ms)
     except ValueError as exc:

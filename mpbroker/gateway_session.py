@@ -260,6 +260,13 @@ class GatewaySession:
     def _send(self, frame: Frame, now_ms: int) -> None:
         headers = frame.headers
         destination = self._required(frame, "destination")
+        limit = self.config.memory.max_message_bytes
+        if 0 <= limit < len(frame.body):
+            raise SessionError(
+                f"message body of {len(frame.body)} bytes exceeds max_message_bytes {limit}",
+                "The message was not accepted: send smaller messages, or raise "
+                "[memory] max_message_bytes.",
+            )
         pipeline = self._owner(destination)
         user_headers = {k: v for k, v in headers.items() if k not in _SEND_CONTROL_HEADERS}
         # JMS priority 0-9 (default 4); `expires` is absolute epoch ms as in ActiveMQ's

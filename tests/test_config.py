@@ -484,3 +484,10 @@ def test_a_destination_limit_above_its_stores_global_limit_is_refused() -> None:
         )
     assert info.value.key == 'destinations."/queue/x".byte_high'
     assert "must not exceed vol_queue_store.global_byte_high = 16777216" in str(info.value)
+
+
+def test_max_message_bytes_above_the_frame_limit_is_refused() -> None:
+    with pytest.raises(ConfigError) as info:
+        config_from_mapping({"memory": {"max_message_bytes": "2MiB"}})
+    assert info.value.key == "memory.max_message_bytes"
+    assert "must not exceed stomp.max_frame_bytes = 1048576" in str(info.value)

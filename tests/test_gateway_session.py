@@ -1100,3 +1100,14 @@ def test_a_body_that_does_not_decompress_is_an_error_logged_once(
         # Not written, so not credited: the pipeline takes it back like any unsent delivery.
         assert session.take_credits() == []
         assert not session.deliver(handles[0], good)
+
+
+def test_a_body_above_max_message_bytes_is_refused_with_its_receipt() -> None:
+    config = Config().replace("memory", max_message_bytes=100)
+    session = connected(config=config)
+    session.on_frame(frame("SEND", b"x" * 100, destination="/queue/q", receipt="ok"), 0)
+    assert not session.closing
+    session.on_frame(frame("SEND", b"x" * 101, destination="/queue/q", receipt="big"), 0)
+    error = error_of(session)
+    assert error.headers["message"] == "message body of 101 bytes exceeds max_message_bytes 100"
+    assert error.headers["receipt-id"] == "big"
