@@ -535,19 +535,23 @@ class Config:
     # [quotas.NAME] tables.
     quotas: tuple[QuotaConfig, ...] = field(default=(), metadata={"tables": True})
 
+    def setting_for(self, destination: str, key: str) -> Any:
+        """A setting as it applies to `destination`: its [destinations] table's value, or
+        the default of the section DESTINATION_KEYS names. (The store watermarks, whose
+        section depends on the store, are read with `flow.destination_limits`.)"""
+        table = self.destination(destination)
+        value = getattr(table, key) if table is not None else None
+        return getattr(getattr(self, DESTINATION_KEYS[key]), key) if value is None else value
+
     def send_timeout_ms(self, destination: str) -> int:
         """How long a stopped SEND to `destination` waits before it is refused."""
-        table = self.destination(destination)
-        if table is not None and table.send_timeout_ms is not None:
-            return table.send_timeout_ms
-        return self.flow.send_timeout_ms
+        timeout: int = self.setting_for(destination, "send_timeout_ms")
+        return timeout
 
     def consumer_window_bytes(self, destination: str) -> int:
         """The byte window of a subscription to `destination` (-1: none)."""
-        table = self.destination(destination)
-        if table is not None and table.consumer_window_bytes is not None:
-            return table.consumer_window_bytes
-        return self.flow.consumer_window_bytes
+        window: int = self.setting_for(destination, "consumer_window_bytes")
+        return window
 
     def destination(self, name: str) -> DestinationSettings | None:
         """The settings table for a destination, or None when only defaults apply."""

@@ -15,12 +15,15 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Final
 
 from mpbroker.config import Config
 from mpbroker.records import Message
+
+from ._watermark import PER_DESTINATION_CACHE
 
 __all__ = [
     "DISCARD",
@@ -107,26 +110,16 @@ def expiry_policies(config: Config, owns: Callable[[str], bool]) -> Callable[[st
     """Per queue: its [destinations] table's expiry settings over [queues]'. A redirect
     target another worker owns cannot be written from here: the queue's dead-letter queue
     (always ours) is used instead."""
-    queues = config.queues
-    cache: dict[str, ExpiryPolicy] = {}
 
+    @functools.lru_cache(maxsize=PER_DESTINATION_CACHE)
     def policy_for(queue: str) -> ExpiryPolicy:
-        found = cache.get(queue)
-        if found is not None:
-            return found
-        table = config.destination(queue)
-        policy = queues.expiry_policy
-        fields = queues.expiry_log_fields
-        target = queues.expiry_destination
-        if table is not None:
-            policy = table.expiry_policy or policy
-            fields = table.expiry_log_fields or fields
-            target = table.expiry_destination if table.expiry_destination is not None else target
+        target = config.setting_for(queue, "expiry_destination")
         if target and not owns(target):
             target = ""
-        found = ExpiryPolicy(policy, parse_log_fields(fields), target)
-        if len(cache) < 100_000:
-            cache[queue] = found
-        return found
+        return ExpiryPolicy(
+            config.setting_for(queue, "expiry_policy"),
+            parse_log_fields(config.setting_for(queue, "expiry_log_fields")),
+            target,
+        )
 
     return policy_for

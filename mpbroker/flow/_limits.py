@@ -13,12 +13,13 @@ stopped is forgotten, so many short-lived destination names do not grow memory.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from mpbroker.config import Config, StoreFlowSettings
 
-from ._watermark import Level, Watermark
+from ._watermark import PER_DESTINATION_CACHE, Level, Watermark
 
 __all__ = [
     "GLOBAL",
@@ -259,23 +260,16 @@ def destination_limits(config: Config, section: str) -> Callable[[str], StoreLim
     """Per destination: a store's limits with its [destinations."<pattern>"] overrides
     (remembered per name: the patterns are matched once per destination)."""
     base = store_limits(getattr(config, section))
-    cache: dict[str, StoreLimits] = {}
 
+    @functools.lru_cache(maxsize=PER_DESTINATION_CACHE)
     def limits_for(destination: str) -> StoreLimits:
-        limits = cache.get(destination)
-        if limits is None:
-            limits = base
-            table = config.destination(destination)
-            if table is not None:
-                if table.msg_high is not None and table.msg_low is not None:
-                    limits = replace(limits, messages=Watermark(table.msg_high, table.msg_low))
-                if table.byte_high is not None and table.byte_low is not None:
-                    limits = replace(limits, bytes=Watermark(table.byte_high, table.byte_low))
-            if len(cache) < _CACHE_MAX:
-                cache[destination] = limits
+        limits = base
+        table = config.destination(destination)
+        if table is not None:
+            if table.msg_high is not None and table.msg_low is not None:
+                limits = replace(limits, messages=Watermark(table.msg_high, table.msg_low))
+            if table.byte_high is not None and table.byte_low is not None:
+                limits = replace(limits, bytes=Watermark(table.byte_high, table.byte_low))
         return limits
 
     return limits_for
-
-
-_CACHE_MAX = 100_000

@@ -18,9 +18,12 @@ Senders are known by tickets (ints chosen by the caller, e.g. a connection's sen
 from __future__ import annotations
 
 import enum
+import functools
 from dataclasses import dataclass
 
 from mpbroker.config import DEFAULT_QUOTA, Config
+
+from ._watermark import PER_DESTINATION_CACHE
 
 __all__ = ["NO_LIMIT", "Quota", "QuotaBook", "QuotaPolicy", "QuotaSettings"]
 
@@ -178,20 +181,16 @@ class QuotaBook:
             for q in config.quotas
         }
         self._quotas: dict[str, Quota] = {}
-        self._names: dict[str, str | None] = {}
         self._waiting: dict[int, str] = {}  # ticket -> quota key
+        # Remembered per name: the patterns are matched once per destination.
+        self.name = functools.lru_cache(maxsize=PER_DESTINATION_CACHE)(self._name)
 
-    def name(self, destination: str) -> str | None:
+    def _name(self, destination: str) -> str | None:
         """The quota `destination` draws on, or None."""
-        if destination in self._names:
-            return self._names[destination]
         table = self.config.destination(destination)
-        name = table.quota if table is not None and table.quota else None
-        if name is None and DEFAULT_QUOTA in self.settings:
-            name = DEFAULT_QUOTA
-        if len(self._names) < 100_000:
-            self._names[destination] = name
-        return name
+        if table is not None and table.quota:
+            return table.quota
+        return DEFAULT_QUOTA if DEFAULT_QUOTA in self.settings else None
 
     def _quota(self, destination: str) -> tuple[str, Quota] | None:
         name = self.name(destination)

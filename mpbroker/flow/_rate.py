@@ -21,12 +21,15 @@ No clock is read here: every call takes `now` (seconds, from any monotonic clock
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from mpbroker.config import Config
+
+from ._watermark import PER_DESTINATION_CACHE
 
 __all__ = ["RateFlow", "RateSettings", "rate_settings_for"]
 
@@ -171,30 +174,17 @@ class RateFlow:
 def rate_settings_for(config: Config) -> Callable[[str], RateSettings | None]:
     """Per destination: its rate-based flow settings, or None where it is off
     ([flow] defaults under its [destinations] table)."""
-    flow = config.flow
-    cache: dict[str, RateSettings | None] = {}
 
+    # Remembered per name: the patterns are matched once per destination.
+    @functools.lru_cache(maxsize=PER_DESTINATION_CACHE)
     def settings_for(destination: str) -> RateSettings | None:
-        if destination in cache:
-            return cache[destination]
-        table = config.destination(destination)
-
         def pick(name: str) -> Any:
-            value = getattr(table, name) if table is not None else None
-            return getattr(flow, name) if value is None else value
+            return config.setting_for(destination, name)
 
-        found = (
-            RateSettings(
-                pick("flow_maximum"),
-                pick("flow_minimum"),
-                pick("flow_interval_s"),
-                pick("flow_steps"),
-            )
-            if pick("flow_control")
-            else None
+        if not pick("flow_control"):
+            return None
+        return RateSettings(
+            pick("flow_maximum"), pick("flow_minimum"), pick("flow_interval_s"), pick("flow_steps")
         )
-        if len(cache) < 100_000:
-            cache[destination] = found
-        return found
 
     return settings_for

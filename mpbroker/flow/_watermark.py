@@ -15,6 +15,8 @@ __all__ = ["OFF", "Level", "Watermark"]
 # `high = OFF` switches a limit off. -1 rather than None so that a limit is always two
 # plain ints, as it is written in the config file.
 OFF = -1
+# Per-destination lookups ([destinations] patterns) are remembered for this many names.
+PER_DESTINATION_CACHE = 100_000
 
 
 @dataclass(frozen=True, slots=True)

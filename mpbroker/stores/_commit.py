@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from typing import Generic, TypeVar
 
+from mpbroker.config import StoreSettings
+
 __all__ = ["CommitBuffer"]
 
 T = TypeVar("T")
@@ -23,6 +25,15 @@ class CommitBuffer(Generic[T]):
     """
 
     __slots__ = ("_bytes", "_first_ms", "_items", "max_bytes", "max_delay_ms", "max_messages")
+
+    @classmethod
+    def for_settings(cls, settings: StoreSettings) -> CommitBuffer[T]:
+        """The buffer `[store]` describes (`group_commit = false`: one commit per message)."""
+        return cls(
+            settings.commit_max_delay_ms,
+            settings.commit_max_messages if settings.group_commit else 1,
+            settings.commit_max_bytes,
+        )
 
     def __init__(self, max_delay_ms: int, max_messages: int, max_bytes: int) -> None:
         if max_delay_ms < 0:

@@ -36,22 +36,30 @@ def _marks(limits: StoreLimits) -> dict[str, int]:
     }
 
 
-def _store_rows(name: str, trackers: list[tuple[str, FlowTracker]]) -> dict[str, Any]:
+# (store, its tracker, what it stops now): the stops are taken once per snapshot.
+_Tracked = list[tuple[str, FlowTracker, dict[str, str]]]
+
+
+def _tracked(trackers: list[tuple[str, FlowTracker]]) -> _Tracked:
+    return [(store, tracker, tracker.stopped()) for store, tracker in trackers]
+
+
+def _store_rows(name: str, tracked: _Tracked) -> dict[str, Any]:
     """Per store: what `name` holds there, its watermarks and its stop."""
     stores: dict[str, Any] = {}
-    for store, tracker in trackers:
+    for store, tracker, stopped in tracked:
         messages, nbytes = tracker.counts(name)
         limits = tracker.destination_limits(name) if tracker.destination_limits else tracker.limits
         stores[store] = {
             "messages": messages,
             "bytes": nbytes,
             **_marks(limits),
-            "stopped": tracker.stopped().get(name, ""),
+            "stopped": stopped.get(name, ""),
         }
     return stores
 
 
-def _global_rows(trackers: list[tuple[str, FlowTracker]]) -> dict[str, Any]:
+def _global_rows(tracked: _Tracked) -> dict[str, Any]:
     return {
         store: {
             "messages": tracker.totals[0],
@@ -60,18 +68,19 @@ def _global_rows(trackers: list[tuple[str, FlowTracker]]) -> dict[str, Any]:
             "global_msg_low": tracker.limits.global_messages.low,
             "global_byte_high": tracker.limits.global_bytes.high,
             "global_byte_low": tracker.limits.global_bytes.low,
-            "stopped": tracker.stopped().get("", ""),
+            "stopped": stopped.get("", ""),
         }
-        for store, tracker in trackers
+        for store, tracker, stopped in tracked
     }
 
 
 def queues(engine: QueueEngine, trackers: list[tuple[str, FlowTracker]]) -> dict[str, Any]:
     """Every queue: waiting and unacknowledged messages, and per store its counts,
     watermarks and stop; the stores' global counts and stops."""
+    tracked = _tracked(trackers)
     rows: list[dict[str, Any]] = []
     for name, queue in sorted(engine.queues.items()):
-        stores = _store_rows(name, trackers)
+        stores = _store_rows(name, tracked)
         rows.append(
             {
                 "name": name,
@@ -83,7 +92,7 @@ def queues(engine: QueueEngine, trackers: list[tuple[str, FlowTracker]]) -> dict
         )
     out: dict[str, Any] = {}
     _cut(rows, "destinations", out)
-    out["stores"] = _global_rows(trackers)
+    out["stores"] = _global_rows(tracked)
     return out
 
 
@@ -92,6 +101,7 @@ def topics(engine: TopicEngine, trackers: list[tuple[str, FlowTracker]]) -> dict
     backlog, the live watermark and stop, and what its durable backlog holds in the topic
     store; the topic store's and the live buffer's global figures."""
     stops = engine.live_stops()
+    tracked = _tracked(trackers)
     rows = []
     names = set(engine.topics) | {
         name for _, tracker in trackers for name in tracker.tracked_destinations()
@@ -107,12 +117,12 @@ def topics(engine: TopicEngine, trackers: list[tuple[str, FlowTracker]]) -> dict
                 "live_msg_high": mark.high,
                 "live_msg_low": mark.low,
                 "stopped": stops.get(name, ""),
-                "stores": _store_rows(name, trackers),
+                "stores": _store_rows(name, tracked),
             }
         )
     out: dict[str, Any] = {}
     _cut(rows, "destinations", out)
-    out["stores"] = _global_rows(trackers)
+    out["stores"] = _global_rows(tracked)
     out["live_buffer"] = {
         "messages": engine.live_total,
         "global_live_msg_high": engine.global_live.mark.high,

@@ -98,11 +98,7 @@ class TopicPersistence:
         self.subscribed = subscribed
         self.stored = stored
         settings = config.store
-        self.buffer: CommitBuffer[_Pending] = CommitBuffer(
-            settings.commit_max_delay_ms,
-            settings.commit_max_messages if settings.group_commit else 1,
-            settings.commit_max_bytes,
-        )
+        self.buffer: CommitBuffer[_Pending] = CommitBuffer.for_settings(settings)
         self.cleanup_batch = settings.cleanup_batch
         self.cleanup_gap_ms = settings.cleanup_gap_ms
         self.scan_interval_ms = int(config.queues.expiry_scan_interval_s * 1000)

@@ -418,7 +418,7 @@ class Gateway:
         for its producer's turn at the current rate, which decays while the destination is
         armed and recovers once it is not. True when the destination is rate-controlled."""
         session = conn.session
-        if frame.command != "SEND" or not session.connected or "transaction" in frame.headers:
+        if not _flow_controlled(session, frame):
             return False
         destination = frame.headers.get("destination", "")
         settings = self.rate_for(destination)
@@ -451,12 +451,7 @@ class Gateway:
         return rate.delay(now) if rate is not None else 0.0
 
     def _stop_for(self, session: GatewaySession, frame: Frame) -> Stop | None:
-        if (
-            frame.command != "SEND"
-            or not session.connected
-            or "transaction" in frame.headers
-            or not self.flow.stops
-        ):
+        if not self.flow.stops or not _flow_controlled(session, frame):
             return None
         destination = frame.headers.get("destination", "")
         return self.flow.stop_for(destination, frame.headers.get("persistent") == "true")
@@ -526,6 +521,12 @@ class Gateway:
         self.doorbell.close()
         self.stats.close()
         self.control.close()
+
+
+def _flow_controlled(session: GatewaySession, frame: Frame) -> bool:
+    """A SEND that flow control may hold or pace: not one inside a transaction (the
+    transaction budget bounds those; they reach the pipeline at COMMIT)."""
+    return frame.command == "SEND" and session.connected and "transaction" not in frame.headers
 
 
 def _listen_socket(host: str, port: int) -> trio.socket.SocketType:

@@ -53,11 +53,7 @@ class QueuePersistence:
         # Expired messages still to be settled in the store, a batch per cleanup_gap_ms.
         self.expired_backlog: list[int] = []
         self.next_cleanup_ms = 0
-        self.buffer: CommitBuffer[tuple[int, Send]] = CommitBuffer(
-            commit.commit_max_delay_ms,
-            commit.commit_max_messages if commit.group_commit else 1,
-            commit.commit_max_bytes,
-        )
+        self.buffer: CommitBuffer[tuple[int, Send]] = CommitBuffer.for_settings(commit)
 
     def _load(self, seq: int) -> Message:
         return self.store.read(seq).message

@@ -87,6 +87,7 @@ def _live_marks(config: Config) -> Callable[[str], Watermark]:
         table = config.destination(topic)
         if table is None or table.live_msg_high is None or table.live_msg_low is None:
             return default
+        # High and low are set together in a table (the config refuses half a pair).
         return Watermark(table.live_msg_high, table.live_msg_low)
 
     return mark_for
