@@ -1,11 +1,15 @@
 """Throughput of a ring between two processes (a measurement script, not a test).
 
     .venv/bin/python -m bench.ring [records] [capacity]
+    .venv/bin/python -m bench.ring --big [payloads] [payload_bytes]
 
 Writer process -> reader process, 100-byte payloads, with 1 record per publish (try_put) and
 with 64 records per publish (stage x64, publish); the reader takes one record per read_batch
 or whatever is there (up to 1024), and parks on its doorbell when the ring is empty.
 DESIGN.md quotes ~650k/s and ~930k/s for a pure-Python ring on this kind of machine.
+
+``--big``: payloads larger than a record (default 64 of 4 MiB), one put_blocking each, through
+a 256 KiB ring (in fragments of 64 KiB) and an 8 MiB ring (fragments of 2 MiB).
 """
 
 from __future__ import annotations
@@ -19,14 +23,21 @@ from multiprocessing.synchronize import Event
 from mpbroker.shm import Doorbell, Ring, park, remove_instance, segment_name
 
 PAYLOAD = bytes(range(100))
+BIG_CAPACITIES = (256 << 10, 8 << 20)
 
 
-def _writer(ring_name: str, bell_name: str, n: int, batch: int, go: Event) -> None:
+def _writer(
+    ring_name: str, bell_name: str, n: int, batch: int, go: Event, payload_bytes: int = 100
+) -> None:
     ring = Ring.attach(ring_name)
     bell = Doorbell.attach(bell_name)
     w = ring.writer(bell)
+    payload = PAYLOAD if payload_bytes == 100 else bytes(payload_bytes)
     go.wait()
-    if batch == 1:
+    if batch == 0:
+        for _ in range(n):
+            w.put_blocking(1, payload)
+    elif batch == 1:
         for _ in range(n):
             if not w.try_put(1, PAYLOAD):
                 w.put_blocking(1, PAYLOAD)
@@ -70,7 +81,9 @@ def _reader_main(
     ring.close()
 
 
-def run(n: int, batch: int, capacity: int, max_records: int = 1024) -> float:
+def run(
+    n: int, batch: int, capacity: int, max_records: int = 1024, payload_bytes: int = 100
+) -> float:
     ctx = mp.get_context("spawn")
     instance = f"{os.getpid()}bench"
     ring_name = segment_name(instance, "ring")
@@ -82,7 +95,7 @@ def run(n: int, batch: int, capacity: int, max_records: int = 1024) -> float:
         rp = ctx.Process(target=_reader_main, args=(ring_name, bell_name, n, max_records, go, out))
         rp.start()
         out.get()
-        wp = ctx.Process(target=_writer, args=(ring_name, bell_name, n, batch, go))
+        wp = ctx.Process(target=_writer, args=(ring_name, bell_name, n, batch, go, payload_bytes))
         wp.start()
         time.sleep(0.5)  # let the writer attach and wait
         go.set()
@@ -96,7 +109,22 @@ def run(n: int, batch: int, capacity: int, max_records: int = 1024) -> float:
         remove_instance(instance)
 
 
+def main_big(args: list[str]) -> None:
+    n = int(args[0]) if args else 64
+    size = int(args[1]) if len(args) > 1 else 4 << 20
+    for capacity in BIG_CAPACITIES:
+        rates = sorted(run(n, 0, capacity, payload_bytes=size) for _ in range(3))
+        print(
+            f"{n} payloads of {size} B, one put_blocking each, ring {capacity} B: median "
+            f"{rates[1] * size / 2**20:,.0f} MiB/s (min {rates[0] * size / 2**20:,.0f}, "
+            f"max {rates[2] * size / 2**20:,.0f})"
+        )
+
+
 def main() -> None:
+    if sys.argv[1:2] == ["--big"]:
+        main_big(sys.argv[2:])
+        return
     n = int(sys.argv[1]) if len(sys.argv) > 1 else 2_000_000
     capacity = int(sys.argv[2]) if len(sys.argv) > 2 else 1 << 20
     for batch, max_records in ((1, 1), (1, 1024), (64, 1024)):

@@ -38,7 +38,6 @@ from ._control import (
 )
 from ._doorbell import Doorbell, park, park_async
 from ._errors import (
-    RecordTooLarge,
     RingBrokenError,
     RingClosedError,
     SegmentExistsError,
@@ -49,6 +48,7 @@ from ._errors import (
 )
 from ._naming import SHM_DIR, remove_instance, segment_name, shm_path, sweep_stale
 from ._ring import (
+    MAX_CAPACITY,
     MAX_KIND,
     MIN_CAPACITY,
     RECORD_HEADER_BYTES,
@@ -63,6 +63,7 @@ from ._stats import StatsBlock
 
 __all__ = [
     "COUNTERS",
+    "MAX_CAPACITY",
     "MAX_KIND",
     "MIN_CAPACITY",
     "RECORD_HEADER_BYTES",
@@ -74,7 +75,6 @@ __all__ = [
     "ControlBlock",
     "Doorbell",
     "Payload",
-    "RecordTooLarge",
     "Ring",
     "RingBrokenError",
     "RingClosedError",

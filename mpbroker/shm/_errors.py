@@ -9,7 +9,6 @@ from __future__ import annotations
 import errno
 
 __all__ = [
-    "RecordTooLarge",
     "RingBrokenError",
     "RingClosedError",
     "SegmentExistsError",
@@ -21,8 +20,8 @@ __all__ = [
 
 
 class ShmError(Exception):
-    """Base class of every error raised by :mod:`mpbroker.shm` (except :class:`RecordTooLarge`,
-    which is a caller mistake and therefore a :class:`ValueError`)."""
+    """Base class of every error raised by :mod:`mpbroker.shm` (caller mistakes, such as a bad
+    ring capacity or record kind, are :class:`ValueError`)."""
 
 
 class ShmSpaceError(ShmError):
@@ -101,16 +100,3 @@ class RingBrokenError(ShmError):
         self.reason = reason
         """What was found wrong."""
         super().__init__(f"ring {name} is broken: {reason}")
-
-
-class RecordTooLarge(ValueError):
-    """A payload larger than the ring can ever carry in one record."""
-
-    def __init__(self, size: int, limit: int) -> None:
-        self.size = size
-        """Payload size in bytes."""
-        self.limit = limit
-        """Largest payload the ring accepts (``Ring.max_payload_bytes``)."""
-        super().__init__(
-            f"record payload of {size} bytes exceeds the ring's limit of {limit} bytes"
-        )

@@ -10,7 +10,7 @@ Layout (all integers little-endian; x86-64 and aarch64 Linux are little-endian):
                    word 8  head  (byte 64)        bytes ever published; writer only
                    word 16 tail  (byte 128)       bytes ever consumed; reader only
                    word 24 reader_waiting (192)   1 while the reader parks; reader only
-    offset 4096  data area, ``capacity`` bytes (a power of two >= 4096)
+    offset 4096  data area, ``capacity`` bytes (a power of two, 4096 to 1 GiB)
 
 head, tail and the flag each have a 64-byte cache line to themselves, so the writer's stores to
 head do not invalidate the line the reader stores tail to (and vice versa). The header is a whole
@@ -25,8 +25,30 @@ bandwidth); ``head - tail`` is the number of bytes in use. They are published wi
 Records are ``[u32 length][u32 kind][payload]``, padded to a multiple of 8 bytes. Because the
 capacity and every record size are multiples of 8, the 8-byte record header never splits at the
 end of the data area; the payload may, and is then copied in two pieces. There are no padding
-records, so a payload can be as large as ``capacity - 8`` bytes. Kind 0 is reserved (a record of
-kind 0 is treated as corruption).
+records. Kind 0 is reserved (a record of kind 0 is treated as corruption).
+
+Fragments (layout version 2): a record is at most a quarter of the ring
+(:attr:`Ring.max_record_payload_bytes` = ``capacity / 4 - 8`` bytes of payload), so that one large
+record never needs the whole ring to itself. A larger payload is written as a run of fragment
+records, each at most that large, which the reader joins back into one payload: callers on both
+sides see one record whatever its size, and a payload may be far larger than the ring. The top
+two bits of the length word say what a record is; the low 30 bits are its length::
+
+    00 whole record     01 first fragment     10 middle fragment     11 last fragment
+
+A ring is at most 1 GiB, so a whole record's length never reaches the flag bits, and the length
+word of a fragment is larger than anything published: the reader's existing check for a record
+longer than what was published is what sends fragments off its fast path, at no extra cost.
+
+Every fragment carries the payload's kind. The writer is the only one, so the fragments of one
+payload follow each other with no other record in between. The writer waits for room between
+fragments as it waits for a record, and the reader consumes fragments as they come (publishes
+its tail past them): the writer never needs room for more than one fragment at a time. A payload
+whose start was consumed by a reader that then died is lost, as records that reader had copied
+out are; its successor skips the remaining fragments. A writer that gives a payload up halfway
+(a cancelled ``put``, a timeout, a writer killed) leaves fragments the reader drops: the next
+payload it writes in fragments starts with a first fragment, or is not where the rest of the
+abandoned one would have to be (whole records in between are returned as usual).
 
 Memory ordering: the writer copies the payload and then stores head; the reader loads head and
 then reads the payload; the reader copies records out and then stores tail. x86 (TSO) keeps
@@ -47,13 +69,14 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, NoReturn
 
-from ._errors import RecordTooLarge, RingBrokenError, RingClosedError
+from ._errors import RingBrokenError, RingClosedError
 from ._segment import create_segment_fd, map_fd, open_segment_fd, unlink_segment
 
 if TYPE_CHECKING:
     from ._doorbell import Doorbell
 
 __all__ = [
+    "MAX_CAPACITY",
     "MAX_KIND",
     "MIN_CAPACITY",
     "RECORD_HEADER_BYTES",
@@ -67,6 +90,8 @@ __all__ = [
 
 MIN_CAPACITY = 4096
 """Smallest ring data area in bytes (one page)."""
+MAX_CAPACITY = 1 << 30
+"""Largest ring data area in bytes: record lengths must stay below the fragment flag bits."""
 RECORD_HEADER_BYTES = 8
 """``[u32 length][u32 kind]`` in front of every payload."""
 MAX_KIND = 0xFFFF_FFFF
@@ -74,7 +99,7 @@ MAX_KIND = 0xFFFF_FFFF
 
 HEADER_BYTES = 4096
 _MAGIC = int.from_bytes(b"mpbRING\x00", "little")
-_LAYOUT_VERSION = 1
+_LAYOUT_VERSION = 2
 _W_MAGIC = 0
 _W_VERSION = 1
 _W_CAPACITY = 2
@@ -87,6 +112,12 @@ Payload = bytes | bytearray | memoryview
 """What a record payload may be given as (any C-contiguous memoryview format)."""
 
 _RECORD_HEADER = struct.Struct("<II")
+# The length word of a record: fragment flag in bits 30-31, length below.
+_FLAG_SHIFT = 30
+_LENGTH_MASK = (1 << _FLAG_SHIFT) - 1
+_FIRST = 1
+_MIDDLE = 2
+_LAST = 3
 # Polling back-off of the blocking puts: short enough that a reader freeing space is noticed
 # within a few tens of microseconds when things move fast, long enough at the top that a stuck
 # reader costs a sleeping writer almost no CPU.
@@ -102,20 +133,13 @@ def record_bytes(payload_bytes: int) -> int:
 def _check_capacity(capacity_bytes: int) -> None:
     if (
         not isinstance(capacity_bytes, int)
-        or capacity_bytes < MIN_CAPACITY
+        or not MIN_CAPACITY <= capacity_bytes <= MAX_CAPACITY
         or capacity_bytes & (capacity_bytes - 1)
     ):
         raise ValueError(
-            f"ring capacity must be a power of two >= {MIN_CAPACITY} bytes, got {capacity_bytes!r}"
+            f"ring capacity must be a power of two from {MIN_CAPACITY} to {MAX_CAPACITY} bytes, "
+            f"got {capacity_bytes!r}"
         )
-
-
-def _flat(view: memoryview) -> memoryview:
-    # len() of a memoryview counts items of its format and shape, not bytes; measuring and
-    # copying need a flat byte view (cast() also rejects non-contiguous views, as it should).
-    if view.format != "B" or view.ndim != 1:
-        return view.cast("B")
-    return view
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,9 +159,16 @@ class RingStatistics:
     incarnation: int
     """How many readers have attached so far (each :meth:`Ring.reader` adds one)."""
     records_written: int
-    """Records published through writers of this handle."""
+    """Records published through writers of this handle (a fragmented payload counts once)."""
     records_read: int
-    """Records returned by readers of this handle."""
+    """Records returned by readers of this handle (a fragmented payload counts once)."""
+    fragments_written: int
+    """Fragment records staged by writers of this handle (payloads too large for one record)."""
+    fragments_read: int
+    """Fragment records consumed by readers of this handle."""
+    payloads_dropped: int
+    """Fragmented payloads readers of this handle got only part of and dropped: given up by
+    the writer halfway, or begun before this reader attached."""
 
 
 class Ring:
@@ -152,13 +183,14 @@ class Ring:
     """posix_ipc name of the segment (``/mpb.<instance>.<purpose>``)."""
     capacity: int
     """Size of the data area in bytes."""
-    max_payload_bytes: int
-    """Largest payload one record can carry: ``capacity - 8`` (a record may fill the ring)."""
+    max_record_payload_bytes: int
+    """Largest payload written as one record: ``capacity / 4 - 8``. A larger payload is split
+    into fragments of this size, invisibly to callers (payload size has no limit)."""
 
     def __init__(self, name: str, fd: int, capacity: int) -> None:
         self.name = name
         self.capacity = capacity
-        self.max_payload_bytes = capacity - RECORD_HEADER_BYTES
+        self.max_record_payload_bytes = capacity // 4 - RECORD_HEADER_BYTES
         self._closed = False
         self._hmm = map_fd(fd, HEADER_BYTES)
         try:
@@ -170,6 +202,9 @@ class Ring:
         self._hq = self._hmv.cast("Q")
         self._records_written = 0
         self._records_read = 0
+        self._fragments_written = 0
+        self._fragments_read = 0
+        self._payloads_dropped = 0
         self._peak_used = 0
 
     @classmethod
@@ -219,7 +254,7 @@ class Ring:
                 raise RingBrokenError(
                     name, f"layout version {version}, this code reads version {_LAYOUT_VERSION}"
                 )
-            if capacity < MIN_CAPACITY or capacity & (capacity - 1):
+            if not MIN_CAPACITY <= capacity <= MAX_CAPACITY or capacity & (capacity - 1):
                 raise RingBrokenError(name, f"header says capacity {capacity}")
             if size != HEADER_BYTES + capacity:
                 raise RingBrokenError(
@@ -267,6 +302,9 @@ class Ring:
             incarnation=q[_W_INCARNATION],
             records_written=self._records_written,
             records_read=self._records_read,
+            fragments_written=self._fragments_written,
+            fragments_read=self._fragments_read,
+            payloads_dropped=self._payloads_dropped,
         )
 
     @property
@@ -317,6 +355,12 @@ class RingWriter:
 
     Records are staged (copied into the ring, invisible to the reader) and then published all
     at once with a single store of head: publishing per batch is the main speed lever.
+
+    A payload larger than ``max_record_payload_bytes`` goes as fragments (see the module
+    docstring). When the ring cannot take all of them now, :meth:`stage` stages those that fit
+    and returns False; called again with the *same payload object* and kind (as a caller that
+    retries a record that did not fit does), it goes on with the next fragment. Staging any
+    other record first abandons the rest: the reader drops the part it got.
     """
 
     def __init__(self, ring: Ring, doorbell: Doorbell | None) -> None:
@@ -325,13 +369,20 @@ class RingWriter:
         self._mm = ring._dmm
         self._cap = ring.capacity
         self._mask = ring.capacity - 1
-        self._max = ring.max_payload_bytes
+        self._max = ring.max_record_payload_bytes
         self._doorbell = doorbell
         self._head = self._staged = self._q[_W_HEAD]
         # Cached copy of the reader's tail; refreshed only when the free space it implies is
         # not enough, so the common stage() does not touch the reader's cache line.
         self._tail = self._q[_W_TAIL]
         self._staged_records = 0
+        # The fragmented payload under way: the caller's object (compared by identity), its
+        # kind, the payload bytes staged so far, and where its last fragment ended (it can
+        # only go on if nothing else was staged since).
+        self._frag_payload: Payload | None = None
+        self._frag_kind = 0
+        self._frag_done = 0
+        self._frag_end = -1
 
     @property
     def staged_bytes(self) -> int:
@@ -350,16 +401,17 @@ class RingWriter:
     def stage(self, kind: int, payload: Payload) -> bool:
         """Append one record after the staged ones, without publishing it.
 
-        Returns False, writing nothing, if the record does not fit in the free space now.
-        ``kind`` must be 1..2**32-1 (:class:`ValueError`); a payload larger than
-        ``max_payload_bytes`` raises :class:`RecordTooLarge` (it would never fit).
+        Returns True once the whole payload is staged. Returns False if it does not fit in the
+        free space now: a payload of at most ``max_record_payload_bytes`` then wrote nothing; a
+        larger one staged the fragments that fit, and the next call with the same payload
+        object and kind continues it. ``kind`` must be 1..2**32-1 (:class:`ValueError`).
         """
         try:
             if type(payload) is memoryview:
-                payload = _flat(payload)
+                return self._stage_aside(kind, payload)
             n = len(payload)
             if n > self._max:
-                raise RecordTooLarge(n, self._max)
+                return self._stage_aside(kind, payload)
             if not 0 < kind <= MAX_KIND:
                 raise ValueError(f"record kind must be 1..{MAX_KIND}, got {kind!r}")
             staged = self._staged
@@ -388,6 +440,79 @@ class RingWriter:
         except (ValueError, TypeError) as e:
             self._ring._fail(e)
 
+    def _stage_aside(self, kind: int, payload: Payload) -> bool:
+        """stage() off the fast path: a memoryview (len() may count items, not bytes), or a
+        payload larger than one record, staged as as many fragments as fit now."""
+        if not 0 < kind <= MAX_KIND:
+            raise ValueError(f"record kind must be 1..{MAX_KIND}, got {kind!r}")
+        view = memoryview(payload)
+        if view.format != "B" or view.ndim != 1:
+            # len() of a memoryview counts items of its format and shape, not bytes; measuring
+            # and copying need a flat byte view (cast() also refuses non-contiguous views).
+            view = view.cast("B")
+        n = len(view)
+        if n <= self._max:
+            if not self._stage_record(n, kind, view, n):
+                return False
+            self._staged_records += 1
+            return True
+        # The caller's object, not our view of it, says whether this continues a payload.
+        if (
+            payload is self._frag_payload
+            and kind == self._frag_kind
+            and self._staged == self._frag_end
+        ):
+            done = self._frag_done
+        else:
+            done = 0
+        fragments = 0
+        while done < n:
+            chunk = min(self._max, n - done)
+            if done == 0:
+                flag = _FIRST
+            elif done + chunk == n:
+                flag = _LAST
+            else:
+                flag = _MIDDLE
+            if not self._stage_record(flag << _FLAG_SHIFT | chunk, kind, view[done:], chunk):
+                break
+            done += chunk
+            fragments += 1
+        self._ring._fragments_written += fragments
+        if done == n:
+            self._frag_payload = None
+            self._staged_records += 1
+            return True
+        self._frag_payload = payload
+        self._frag_kind = kind
+        self._frag_done = done
+        self._frag_end = self._staged
+        return False
+
+    def _stage_record(self, word: int, kind: int, view: memoryview, n: int) -> bool:
+        """Stage one record of the first ``n`` bytes of ``view``, its length word ``word``
+        (length and fragment flag); False, writing nothing, if it does not fit now."""
+        staged = self._staged
+        end = staged + ((n + 15) & -8)
+        cap = self._cap
+        if end - self._tail > cap:
+            self._tail = self._q[_W_TAIL]
+            if end - self._tail > cap:
+                return False
+        mm = self._mm
+        pos = staged & self._mask
+        _RECORD_HEADER.pack_into(mm, pos, word, kind)
+        start = (pos + 8) & self._mask
+        stop = start + n
+        if stop <= cap:
+            mm[start:stop] = view[:n]
+        else:
+            first = cap - start
+            mm[start:cap] = view[:first]
+            mm[0 : stop - cap] = view[first:n]
+        self._staged = end
+        return True
+
     def publish(self) -> None:
         """Make every staged record visible with one store of head; then, if the reader said it
         is parking, ring its doorbell. Nothing staged: nothing happens."""
@@ -413,8 +538,9 @@ class RingWriter:
             self._ring._fail(e)
 
     def try_put(self, kind: int, payload: Payload) -> bool:
-        """Stage one record and publish. Returns False if it did not fit (records staged before
-        are published all the same, so the reader can make room)."""
+        """Stage one record and publish. Returns False if it did not fit (records staged before,
+        and the fragments of this one that fitted, are published all the same, so the reader
+        can make room; call again with the same payload to go on)."""
         ok = self.stage(kind, payload)
         self.publish()
         return ok
@@ -423,8 +549,11 @@ class RingWriter:
         """Stage and publish one record, waiting for room if needed (polling with back-off).
 
         What is already staged is published *before* waiting: a batch larger than the free
-        space would otherwise wait for a reader that cannot see it. Returns False (nothing of
-        this record written) if there was no room within ``timeout`` seconds.
+        space would otherwise wait for a reader that cannot see it. A fragmented payload is
+        published fragment by fragment as room appears. Returns False if no room for the record
+        (or for its next fragment) came within ``timeout`` seconds: nothing of a record of at
+        most ``max_record_payload_bytes`` was written then, and the fragments written of a
+        larger one are dropped by the reader unless the same payload is put again.
         """
         if self.stage(kind, payload):
             self.publish()
@@ -441,16 +570,25 @@ class RingWriter:
                     return False
                 time.sleep(min(delay, remaining))
             delay = min(delay * 2, _BACKOFF_MAX_S)
+            staged = self._staged
             if self.stage(kind, payload):
                 self.publish()
                 return True
+            if self._staged != staged:
+                # A fragment went in: publish it, and wait for the next one's room afresh.
+                self.publish()
+                delay = _BACKOFF_FIRST_S
+                if timeout is not None:
+                    deadline = time.monotonic() + timeout
 
     async def put(self, kind: int, payload: Payload) -> None:
         """Trio version of :meth:`put_blocking`, without timeout (wrap in ``trio.move_on_after``).
 
         Always a checkpoint, as trio's own ``send``. If cancelled while waiting, nothing of this
-        record is written (what was staged before was published). Hot loops should call
-        :meth:`stage`/:meth:`try_put` and fall back to this only when the ring is full.
+        record is written (what was staged before was published), except the fragments already
+        published of a payload larger than ``max_record_payload_bytes``, which the reader drops
+        when the next record starts. Hot loops should call :meth:`stage`/:meth:`try_put` and
+        fall back to this only when the ring is full.
         """
         import trio  # lazily: sync pipeline workers never import trio (idle memory budget)
 
@@ -464,9 +602,13 @@ class RingWriter:
         while True:
             await trio.sleep(delay)
             delay = min(delay * 2, _BACKOFF_MAX_S)
+            staged = self._staged
             if self.stage(kind, payload):
                 self.publish()
                 return
+            if self._staged != staged:
+                self.publish()
+                delay = _BACKOFF_FIRST_S
 
 
 class RingReader:
@@ -487,9 +629,15 @@ class RingReader:
         head = q[_W_HEAD]
         if not 0 <= head - tail <= self._cap:
             raise RingBrokenError(ring.name, f"head {head} and tail {tail} are inconsistent")
+        # The fragmented payload being joined: its pieces so far, its kind, and where its
+        # next fragment must start (None: no payload under way).
+        self._parts: list[bytes] | None = None
+        self._part_kind = 0
+        self._part_next = 0
 
     def has_data(self) -> bool:
-        """Whether the writer has published records this reader has not read."""
+        """Whether the writer has published records this reader has not read (a fragment of a
+        payload not complete yet counts: :meth:`read_batch` may then return ``[]``)."""
         try:
             return bool(self._q[_W_HEAD] != self._tail)
         except (ValueError, TypeError) as e:
@@ -508,6 +656,11 @@ class RingReader:
         """Copy out up to ``max_records`` published records as ``(kind, payload)`` and publish
         the new tail once. Payload bytes stay within ``max_bytes``, except that at least one
         record is returned even if it alone is larger. Returns ``[]`` when the ring is empty.
+
+        A payload written as fragments is returned whole, as one record, once its last fragment
+        is read; the fragments before are consumed (their room freed for the writer) as they
+        arrive, so a call may consume fragments and return ``[]``. Once its first fragment is
+        taken, the rest of a payload is taken whatever ``max_bytes`` says.
         """
         try:
             q = self._q
@@ -532,9 +685,20 @@ class RingReader:
                 n, kind = unpack(mm, pos)
                 size = (n + 15) & -8
                 if size > head - tail or kind == 0:
-                    raise RingBrokenError(
-                        ring.name, f"record at {tail} claims length {n} kind {kind}, head is {head}"
+                    # A fragment's flag bits make its length word larger than any ring, so
+                    # fragments come this way too (and whole records stay on the fast path).
+                    taken = self._take_fragment(
+                        n, kind, tail, head, max_bytes - nbytes if out else None
                     )
+                    if taken is None:
+                        break
+                    tail, whole = taken
+                    if whole is not None:
+                        out.append((kind, whole))
+                        nbytes += len(whole)
+                    if tail == head or len(out) >= max_records:
+                        break
+                    continue
                 if out and nbytes + n > max_bytes:
                     break
                 start = (pos + 8) & mask
@@ -553,3 +717,58 @@ class RingReader:
             return out
         except (ValueError, TypeError) as e:
             self._ring._fail(e)
+
+    def _take_fragment(
+        self, word: int, kind: int, tail: int, head: int, room: int | None
+    ) -> tuple[int, bytes | None] | None:
+        """Consume the fragment at ``tail`` (its header says ``word``, ``kind``): the new tail,
+        and the whole payload if that was its last fragment. None, consuming nothing, if it
+        would begin a payload larger than ``room`` (None: no limit). Corruption raises."""
+        flag = word >> _FLAG_SHIFT
+        n = word & _LENGTH_MASK
+        size = (n + 15) & -8
+        if not flag or size > head - tail or kind == 0:
+            raise RingBrokenError(
+                self._ring.name,
+                f"record at {tail} claims length {n} kind {kind}"
+                + (f" fragment flag {flag}" if flag else "")
+                + f", head is {head}",
+            )
+        if flag == _FIRST and room is not None and n > room:
+            return None
+        mm = self._mm
+        cap = self._cap
+        start = (tail + 8) & self._mask
+        stop = start + n
+        chunk = mm[start:stop] if stop <= cap else mm[start:cap] + mm[0 : stop - cap]
+        self._ring._fragments_read += 1
+        return tail + size, self._join(flag, kind, chunk, tail)
+
+    def _join(self, flag: int, kind: int, chunk: bytes, at: int) -> bytes | None:
+        """Take the fragment found at ring position ``at``; the whole payload after its last."""
+        parts = self._parts
+        ring = self._ring
+        if parts is not None and (flag == _FIRST or at != self._part_next):
+            # The writer gave the payload under way up (only it can start another record).
+            self._parts = parts = None
+            ring._payloads_dropped += 1
+        if flag == _FIRST:
+            self._parts = [chunk]
+            self._part_kind = kind
+            self._part_next = at + ((len(chunk) + 15) & -8)
+            return None
+        if parts is None:
+            # The rest of a payload whose start a predecessor of this reader consumed.
+            if flag == _LAST:
+                ring._payloads_dropped += 1
+            return None
+        if kind != self._part_kind:
+            raise RingBrokenError(
+                ring.name, f"fragment at {at} has kind {kind}, its payload kind {self._part_kind}"
+            )
+        parts.append(chunk)
+        if flag == _LAST:
+            self._parts = None
+            return b"".join(parts)
+        self._part_next = at + ((len(chunk) + 15) & -8)
+        return None

@@ -26,10 +26,10 @@ from mpbroker.shm import _ring as ring_internals
 # --- bulk transfer ----------------------------------------------------------------------------
 
 
-def transfer_sizes(seed: int, total_bytes: int, max_payload: int) -> list[int]:
+def transfer_sizes(seed: int, total_bytes: int, capacity: int) -> list[int]:
     """Payload sizes adding up to at least ``total_bytes``: many tiny, many medium, some large,
-    a few of the largest possible (those need the whole ring, so the writer must wait for the
-    reader to drain it completely)."""
+    a few larger than a record (a quarter of the ring) up to three times the whole ring (those
+    go as fragments, so writer and reader must take turns within one payload)."""
     rng = random.Random(seed)
     sizes: list[int] = []
     total = 0
@@ -42,7 +42,7 @@ def transfer_sizes(seed: int, total_bytes: int, max_payload: int) -> list[int]:
         elif pick < 0.99:
             size = rng.randrange(2048, 20_000)
         else:
-            size = max_payload
+            size = rng.randrange(capacity // 4 - 8, 3 * capacity)
         sizes.append(size)
         total += size
     return sizes
@@ -59,7 +59,7 @@ def transfer_writer(
     ring = Ring.attach(ring_name)
     bell = Doorbell.attach(bell_name)
     w = ring.writer(bell)
-    sizes = transfer_sizes(seed, total_bytes, ring.max_payload_bytes)
+    sizes = transfer_sizes(seed, total_bytes, ring.capacity)
     rng = random.Random(seed + 1)
     crc = 0
     nbytes = 0
@@ -101,7 +101,7 @@ def transfer_reader(
     bell = Doorbell.create(bell_name)
     r = ring.reader()
     out.put(("reader-ready",))
-    sizes = transfer_sizes(seed, total_bytes, ring.max_payload_bytes)
+    sizes = transfer_sizes(seed, total_bytes, ring.capacity)
     rng = random.Random(seed + 2)
     crc = 0
     nbytes = 0
@@ -129,9 +129,22 @@ def transfer_reader(
             # Fall behind now and then so the writer finds the ring full and must wait.
             time.sleep(rng.uniform(0.002, 0.02))
     extra = r.read_batch()
-    out.put(("reader", seq, nbytes, crc, first_bad, parks, woken, timeouts, len(extra)))
+    fragments = ring.statistics().fragments_read
+    out.put(("reader", seq, nbytes, crc, first_bad, parks, woken, timeouts, len(extra), fragments))
     bell.close()
     bell.unlink()
+    ring.close()
+
+
+def fragment_writer(ring_name: str, bell_name: str, seed: int, sizes: list[int]) -> None:
+    """Put payloads of ``sizes`` (kind = sequence number + 1), each with put_blocking."""
+    ring = Ring.attach(ring_name)
+    bell = Doorbell.attach(bell_name)
+    w = ring.writer(bell)
+    for seq, size in enumerate(sizes):
+        if not w.put_blocking(seq + 1, transfer_payload(seed, seq, size), timeout=60):
+            raise SystemExit(f"no room for payload {seq} within 60 s")
+    bell.close()
     ring.close()
 
 

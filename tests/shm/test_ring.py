@@ -16,9 +16,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from mpbroker.shm import (
+    MAX_CAPACITY,
     MIN_CAPACITY,
     RECORD_HEADER_BYTES,
-    RecordTooLarge,
     Ring,
     RingBrokenError,
     RingClosedError,
@@ -26,6 +26,7 @@ from mpbroker.shm import (
     SegmentExistsError,
     SegmentNotFoundError,
     ShmSpaceError,
+    _segment,
     record_bytes,
     segment_name,
     shm_path,
@@ -109,7 +110,7 @@ def test_every_size_around_the_wrap_point(ring: Ring, size: int) -> None:
         head = ring.statistics().head
         gap = (cap - end_gap - head % cap) % cap
         while gap:
-            filler = min(gap, 2048) - RECORD_HEADER_BYTES
+            filler = min(gap, MIN_CAPACITY // 4) - RECORD_HEADER_BYTES
             assert w.try_put(99, bytes(filler))
             assert r.read_batch() == [(99, bytes(filler))]
             gap -= filler + RECORD_HEADER_BYTES
@@ -121,33 +122,24 @@ def test_every_size_around_the_wrap_point(ring: Ring, size: int) -> None:
     assert ring.statistics().used_bytes == 0
 
 
-def test_largest_payload_fills_the_ring_even_across_the_end(ring: Ring) -> None:
+def test_largest_record_is_a_quarter_of_the_ring_even_across_the_end(ring: Ring) -> None:
     w = ring.writer()
     r = ring.reader()
-    big = payload_for(1, ring.max_payload_bytes)
-    assert ring.max_payload_bytes == ring.capacity - RECORD_HEADER_BYTES
-    assert w.try_put(1, big)
+    quarter = ring.capacity // 4
+    assert ring.max_record_payload_bytes == quarter - RECORD_HEADER_BYTES
+    big = payload_for(1, ring.max_record_payload_bytes)
+    for _ in range(4):
+        assert w.stage(1, big)
     assert w.free_bytes == 0
     assert not w.try_put(2, b"")
-    assert r.read_batch() == [(1, big)]
-    # Same again starting mid-area, so the payload wraps.
+    assert r.read_batch() == [(1, big)] * 4
+    # Same again starting mid-area, so one of them wraps.
     assert w.try_put(2, b"abc")
     assert r.read_batch() == [(2, b"abc")]
-    assert w.try_put(3, big)
-    assert r.read_batch() == [(3, big)]
-
-
-def test_record_too_large(ring: Ring) -> None:
-    w = ring.writer()
-    with pytest.raises(RecordTooLarge) as exc_info:
-        w.stage(1, bytes(ring.max_payload_bytes + 1))
-    assert exc_info.value.size == ring.max_payload_bytes + 1
-    assert exc_info.value.limit == ring.max_payload_bytes
-    assert isinstance(exc_info.value, ValueError)
-    assert str(ring.max_payload_bytes) in str(exc_info.value)
-    with pytest.raises(RecordTooLarge):
-        w.put_blocking(1, bytes(ring.capacity), timeout=0)
-    assert w.staged_bytes == 0
+    for _ in range(3):
+        assert w.try_put(3, big)
+    assert r.read_batch() == [(3, big)] * 3
+    assert ring.statistics().fragments_written == 0
 
 
 @pytest.mark.parametrize("kind", [0, -1, 2**32])
@@ -201,18 +193,21 @@ def test_full_ring_and_free_space_accounting(ring: Ring) -> None:
 def test_try_put_publishes_earlier_staged_records_even_when_it_fails(ring: Ring) -> None:
     w = ring.writer()
     r = ring.reader()
-    assert w.stage(1, bytes(2000))
-    assert not w.try_put(2, bytes(3000))
+    for kind in range(1, 5):
+        assert w.stage(kind, bytes(1000))
+    assert not w.try_put(5, bytes(100))
     assert w.staged_bytes == 0
-    assert r.read_batch() == [(1, bytes(2000))]
+    assert r.read_batch() == [(kind, bytes(1000)) for kind in range(1, 5)]
+    assert r.read_batch() == []  # nothing of the record that did not fit
 
 
 def test_put_blocking_times_out_without_reader_and_publishes_first(ring: Ring) -> None:
     w = ring.writer()
-    assert w.stage(1, bytes(3000))
-    assert not w.put_blocking(2, bytes(2000), timeout=0.05)
+    for _ in range(4):
+        assert w.stage(1, bytes(1000))
+    assert not w.put_blocking(2, bytes(100), timeout=0.05)
     stats = ring.statistics()
-    assert stats.head == record_bytes(3000)  # the staged record was published
+    assert stats.head == 4 * record_bytes(1000)  # the staged records were published
     assert w.staged_bytes == 0
     assert w.put_blocking(3, bytes(10), timeout=0)
 
@@ -230,6 +225,9 @@ def test_statistics(ring: Ring) -> None:
         incarnation=0,
         records_written=0,
         records_read=0,
+        fragments_written=0,
+        fragments_read=0,
+        payloads_dropped=0,
     )
     r = ring.reader()
     for i in range(10):
@@ -333,7 +331,7 @@ def test_segment_is_private_and_fully_sized(ring: Ring, ring_name: str) -> None:
     assert st_.st_blocks * 512 >= st_.st_size
 
 
-@pytest.mark.parametrize("capacity", [0, 4095, 4097, 6000, 2048, -4096])
+@pytest.mark.parametrize("capacity", [0, 4095, 4097, 6000, 2048, -4096, MAX_CAPACITY * 2])
 def test_capacity_must_be_a_power_of_two(ring_name: str, capacity: int) -> None:
     with pytest.raises(ValueError, match=str(capacity)):
         Ring.create(ring_name, capacity)
@@ -370,6 +368,10 @@ def test_attach_wrong_size_or_version(ring: Ring, ring_name: str) -> None:
 
     ring._hq[_ring._W_VERSION] = 99
     with pytest.raises(RingBrokenError, match="version 99"):
+        Ring.attach(ring_name)
+    # Version 1 knew no fragments: its processes would take one for a corrupt record.
+    ring._hq[_ring._W_VERSION] = 1
+    with pytest.raises(RingBrokenError, match="layout version 1, this code reads version 2"):
         Ring.attach(ring_name)
     ring._hq[_ring._W_VERSION] = _ring._LAYOUT_VERSION
     ring._hq[_ring._W_CAPACITY] = MIN_CAPACITY * 2
@@ -433,8 +435,14 @@ def test_publish_after_close_with_staged_records(ring_name: str) -> None:
     assert not shm_path(ring_name).exists()
 
 
-def test_not_enough_space_in_dev_shm_creates_nothing(ring_name: str) -> None:
+def test_not_enough_space_in_dev_shm_creates_nothing(
+    ring_name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     free = shm_free_bytes()
+    if free >= MAX_CAPACITY:
+        # No ring is larger than MAX_CAPACITY: pretend /dev/shm has less free than that.
+        free = MAX_CAPACITY // 4
+        monkeypatch.setattr(_segment, "shm_free_bytes", lambda: free)
     capacity = 1 << max(12, (free + 1).bit_length())  # a power of two above the free space
     with pytest.raises(ShmSpaceError) as exc_info:
         Ring.create(ring_name, capacity)
@@ -481,8 +489,9 @@ def test_other_fallocate_errors_also_leave_nothing_behind(
 async def test_async_put_waits_for_room(ring: Ring) -> None:
     w = ring.writer()
     r = ring.reader()
-    big = bytes(3000)
-    assert w.try_put(1, big)
+    big = bytes(ring.max_record_payload_bytes)
+    for _ in range(4):
+        assert w.try_put(1, big)
     got: list[tuple[int, bytes]] = []
 
     async def drain_later() -> None:
@@ -492,19 +501,21 @@ async def test_async_put_waits_for_room(ring: Ring) -> None:
     async with trio.open_nursery() as nursery:
         nursery.start_soon(drain_later)
         await w.put(2, big)  # blocks until drain_later made room
-        assert got == [(1, big)]
+        assert got == [(1, big)] * 4
     assert r.read_batch() == [(2, big)]
 
 
 async def test_async_put_cancelled_writes_nothing(ring: Ring) -> None:
     w = ring.writer()
     r = ring.reader()
-    assert w.stage(1, bytes(3000))
+    big = bytes(ring.max_record_payload_bytes)
+    for _ in range(4):
+        assert w.stage(1, big)
     with trio.move_on_after(0.05) as scope:
-        await w.put(2, bytes(3000))
+        await w.put(2, b"x")
     assert scope.cancelled_caught
-    # The earlier staged record was published before waiting; the cancelled one is not there.
-    assert r.read_batch() == [(1, bytes(3000))]
+    # The earlier staged records were published before waiting; the cancelled one is not there.
+    assert r.read_batch() == [(1, big)] * 4
     assert r.read_batch() == []
     assert w.staged_bytes == 0
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import os
+import random
 import signal
 import threading
 import time
@@ -56,8 +57,9 @@ def join_all(processes: list[SpawnProcess], timeout: float) -> None:
 
 
 def test_40_mb_through_a_64_kib_ring(instance: str, processes: list[SpawnProcess]) -> None:
-    """Varied records (0 B .. whole ring) cross the end of the data area hundreds of times;
-    every byte is checked; the reader parks on its doorbell, the writer uses put_blocking."""
+    """Varied records (0 B .. three whole rings, in fragments) cross the end of the data area
+    hundreds of times; every byte is checked; the reader parks on its doorbell, the writer uses
+    put_blocking."""
     ring_name = segment_name(instance, "bulk")
     bell_name = segment_name(instance, "bulk-bell")
     total = 40 << 20
@@ -78,11 +80,14 @@ def test_40_mb_through_a_64_kib_ring(instance: str, processes: list[SpawnProcess
         ring.unlink()
     assert "writer-timeout" not in results, results
     w_records, w_bytes, w_crc, w_blocked = results["writer"]
-    r_records, r_bytes, r_crc, first_bad, parks, woken, timeouts, extra = results["reader"]
+    r_records, r_bytes, r_crc, first_bad, parks, woken, timeouts, extra, fragments = results[
+        "reader"
+    ]
     assert first_bad == -1, f"record {first_bad} arrived wrong"
     assert (r_records, r_bytes, r_crc) == (w_records, w_bytes, w_crc)
     assert w_bytes >= total
     assert extra == 0
+    assert fragments > 0
     # Both traps were actually exercised: the writer found the ring full, the reader parked
     # and the doorbell (not only the timeout backstop) woke it.
     assert w_blocked > 0
@@ -139,6 +144,44 @@ def test_counters_are_never_seen_torn(instance: str, processes: list[SpawnProces
         f"{samples} samples, {publishes} publishes"
     )
     assert samples > changes
+
+
+def test_payloads_larger_than_the_ring_from_a_child_writer(
+    instance: str, processes: list[SpawnProcess]
+) -> None:
+    """The writer is another process: fragments of one payload cross between processes while
+    the reader parks on its doorbell whenever it has taken all that was published."""
+    ring = Ring.create(segment_name(instance, "frag"), 1 << 14)
+    bell = Doorbell.create(segment_name(instance, "frag-bell"))
+    cap = ring.capacity
+    seed = 77
+    edge = [0, 1, cap // 4 - 8, cap // 4 - 7, cap - 8, cap, 3 * cap, 3 * cap + 5, 64 * cap + 3]
+    sizes = edge + [random.Random(seed).randrange(0, 4 * cap) for _ in range(300)] + edge
+    got: list[tuple[int, bytes]] = []
+    try:
+        reader = ring.reader()
+        start(processes, _children.fragment_writer, ring.name, bell.name, seed, sizes)
+        deadline = time.monotonic() + 120
+        while len(got) < len(sizes) and time.monotonic() < deadline:
+            batch = reader.read_batch(max_records=7)
+            if batch:
+                got += batch
+            else:
+                park([reader], bell, 0.5)
+        join_all(processes, 30)
+        stats = ring.statistics()
+    finally:
+        bell.close()
+        bell.unlink()
+        ring.close()
+        ring.unlink()
+    assert len(got) == len(sizes)
+    for seq, (kind, payload) in enumerate(got):
+        assert kind == seq + 1
+        assert payload == _children.transfer_payload(seed, seq, sizes[seq]), seq
+    assert stats.records_read == len(sizes)
+    assert stats.fragments_read > 64
+    assert stats.payloads_dropped == 0
 
 
 def test_big_batch_larger_than_free_space_does_not_deadlock(instance: str) -> None:
