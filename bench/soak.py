@@ -23,6 +23,12 @@ be 0); every accepted message must have arrived exactly once, and nothing else m
 
 Exit status 0 when nothing was lost, duplicated or delivered without having been accepted and
 no process failed; 1 otherwise.
+
+The parts are reusable (``bench.memsoak`` builds on them): :class:`Options` may name several
+destinations, which every producer sends to round robin, and several consumer processes, each
+subscribed to some of them; :class:`SoakRun` is the coordinator, with hooks for the broker it
+starts, its progress lines and its summary; :func:`reconcile` checks every message against the
+kind of its destination.
 """
 
 from __future__ import annotations
@@ -40,7 +46,7 @@ import secrets
 import sys
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, fields
 from multiprocessing.context import SpawnContext
 from multiprocessing.process import BaseProcess
 from multiprocessing.synchronize import Event
@@ -54,11 +60,30 @@ from .control import Counters, describe
 from .servers import ServerError, ServerProcess
 from .wire import BODY_HEADER_BYTES, BrokerClosed, Connection, StompError, body_prefix, make_body
 
-__all__ = ["WINDOW", "main", "soak_config"]
+__all__ = [
+    "CONSUMER_SHARE",
+    "PREFETCH",
+    "STARTUP_TIMEOUT_S",
+    "WINDOW",
+    "BrokerLog",
+    "ConsumerReport",
+    "MemorySampler",
+    "Options",
+    "Phases",
+    "ProducerReport",
+    "Reconciliation",
+    "SoakRun",
+    "format_summary",
+    "main",
+    "mib",
+    "reconcile",
+    "soak_config",
+]
 
 #: Most SENDs a producer has sent and not yet seen answered (RECEIPT or ERROR).
 WINDOW = 100
-#: The consumer's window of unacknowledged deliveries (ActiveMQ's default queue prefetch).
+#: A consumer's window of unacknowledged deliveries per subscription (ActiveMQ's default
+#: queue prefetch).
 PREFETCH = 1000
 #: Watermarks of the soak queue: producers stop at HIGH messages and go again at LOW. With
 #: 1000-byte bodies HIGH stays below the p2p worker's global byte watermark (16 MiB), so the
@@ -67,10 +92,11 @@ MSG_HIGH = 10000
 MSG_LOW = 7500
 #: The consumer's share of the producers' rate.
 CONSUMER_SHARE = 0.10
+#: How long processes get to connect and subscribe (spawned processes import Python first).
+STARTUP_TIMEOUT_S = 60.0
 
 _SAMPLE_S = 1.0
 _PROGRESS_S = 30.0
-_STARTUP_TIMEOUT_S = 60.0
 # The consumer's pacing tick: how long a read may wait while messages are waiting for acks.
 _TICK_S = 0.01
 # Drain: give up when nothing more arrived for this long.
@@ -84,6 +110,8 @@ _ACCEPTED = 1
 _REFUSED = 2
 _DROPPED = 3
 _UNKNOWN = 4
+# Status byte -> how often that message must arrive: accepted ones once, others never.
+_EXACTLY_ONCE = bytes(1 if status == _ACCEPTED else 0 for status in range(256))
 
 _FLOW_STOP = re.compile(r"flow: producers to (.+?) stopped: (.+?) reached")
 _FLOW_GO = re.compile(r"flow: producers to (.+?) may go again")
@@ -105,17 +133,50 @@ def soak_config(*, send_timeout_ms: int, destination: str) -> str:
 
 
 @dataclass(frozen=True, slots=True)
-class _Options:
-    destination: str
+class Options:
+    """What the producer and consumer processes of a soak need to know."""
+
+    destinations: tuple[str, ...]
+    #: Per consumer process, the indexes in ``destinations`` it subscribes to (each
+    #: destination exactly once over all of them).
+    consumer_groups: tuple[tuple[int, ...], ...]
     size: int
     persistent: bool
     producers: int
+    #: The broker's ``flow.send_timeout_ms``: bounds how long a SEND may go unanswered.
     send_timeout_ms: int
+
+    @classmethod
+    def single(
+        cls, destination: str, *, size: int, persistent: bool, producers: int, send_timeout_ms: int
+    ) -> Options:
+        """One destination, one consumer process."""
+        return cls(
+            destinations=(destination,),
+            consumer_groups=((0,),),
+            size=size,
+            persistent=persistent,
+            producers=producers,
+            send_timeout_ms=send_timeout_ms,
+        )
 
     @property
     def stall_s(self) -> float:
         """How long a producer waits for any answer before it calls the SEND unanswered."""
         return max(30.0, 3 * self.send_timeout_ms / 1000)
+
+    @property
+    def consumers(self) -> int:
+        return len(self.consumer_groups)
+
+    def destination_of(self, producer: int, seq: int) -> int:
+        """The index in ``destinations`` of message ``seq`` of ``producer``: round robin,
+        each producer starting at a destination of its own."""
+        return (producer + seq) % len(self.destinations)
+
+    def kind_of(self, destination: int) -> str:
+        """``queue`` or ``topic`` (from the name's ``/queue/`` or ``/topic/`` prefix)."""
+        return self.destinations[destination].split("/")[1]
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,15 +189,18 @@ class _Shared:
     sent: Counters
     accepted: Counters
     refused: Counters
+    #: This run's messages received so far, one slot per consumer process.
     received: Counters
-    #: Messages per second the consumer acknowledges; negative: as fast as it can.
+    #: Per consumer process, the messages per second it acknowledges; negative: as fast as
+    #: it can.
     rate: ctypes.Array[ctypes.c_double]
     results: multiprocessing.queues.Queue[_Report]
 
     @classmethod
-    def create(cls, ctx: SpawnContext, producers: int) -> _Shared:
-        rate = ctx.RawArray(ctypes.c_double, 1)
-        rate[0] = -1.0
+    def create(cls, ctx: SpawnContext, producers: int, consumers: int) -> _Shared:
+        rate = ctx.RawArray(ctypes.c_double, consumers)
+        for i in range(consumers):
+            rate[i] = -1.0
         return cls(
             start=ctx.Event(),
             stop_producers=ctx.Event(),
@@ -144,7 +208,7 @@ class _Shared:
             sent=ctx.RawArray(ctypes.c_longlong, producers),
             accepted=ctx.RawArray(ctypes.c_longlong, producers),
             refused=ctx.RawArray(ctypes.c_longlong, producers),
-            received=ctx.RawArray(ctypes.c_longlong, 1),
+            received=ctx.RawArray(ctypes.c_longlong, consumers),
             rate=rate,
             results=ctx.Queue(),
         )
@@ -157,7 +221,7 @@ class _Ready:
 
 
 @dataclass(frozen=True, slots=True)
-class _ProducerReport:
+class ProducerReport:
     index: int
     #: One status byte per sequence number (``_ACCEPTED`` ...).
     status: bytes = b""
@@ -175,24 +239,28 @@ class _ProducerReport:
 
 
 @dataclass(frozen=True, slots=True)
-class _ConsumerReport:
+class ConsumerReport:
+    index: int = 0
     #: Per producer, how often each sequence number arrived (at most 255).
     counts: tuple[bytes, ...] = ()
     received: int = 0
     redelivered: int = 0
     #: Bodies that are not of this run.
     foreign: int = 0
+    #: Messages of this run that came on a subscription other than their destination's
+    #: (not in ``counts``).
+    misrouted: int = 0
     failure: str = ""
 
 
-_Report = _Ready | _ProducerReport | _ConsumerReport
+_Report = _Ready | ProducerReport | ConsumerReport
 
 
 # -- producer ---------------------------------------------------------------------------------
 
 
 def _producer_main(
-    index: int, options: _Options, host: str, port: int, token: bytes, shared: _Shared
+    index: int, options: Options, host: str, port: int, token: bytes, shared: _Shared
 ) -> None:
     producer = _Producer(index, options, host, port, token, shared)
     failure = ""
@@ -205,7 +273,7 @@ def _producer_main(
 
 class _Producer:
     def __init__(
-        self, index: int, options: _Options, host: str, port: int, token: bytes, shared: _Shared
+        self, index: int, options: Options, host: str, port: int, token: bytes, shared: _Shared
     ) -> None:
         self.index = index
         self.options = options
@@ -213,9 +281,13 @@ class _Producer:
         self.port = port
         self.token = token
         self.shared = shared
-        self.headers = {"destination": options.destination}
-        if options.persistent:
-            self.headers["persistent"] = "true"
+        #: Per destination index, the headers of a SEND to it.
+        self.headers: list[dict[str, str]] = []
+        for destination in options.destinations:
+            headers = {"destination": destination}
+            if options.persistent:
+                headers["persistent"] = "true"
+            self.headers.append(headers)
         self.status = bytearray()
         self.seq = 0
         #: seq -> time.monotonic() of its send, in sequence order.
@@ -229,10 +301,10 @@ class _Producer:
         self.refusals: collections.Counter[str] = collections.Counter()
         self.problems: list[str] = []
 
-    def report(self, failure: str) -> _ProducerReport:
+    def report(self, failure: str) -> ProducerReport:
         for seq in self.outstanding:
             self.status[seq] = _UNKNOWN
-        return _ProducerReport(
+        return ProducerReport(
             self.index,
             status=bytes(self.status),
             connections=self.connections,
@@ -246,10 +318,10 @@ class _Producer:
 
     def run(self) -> None:
         shared = self.shared
-        conn = Connection(self.host, self.port, timeout_s=_STARTUP_TIMEOUT_S)
+        conn = Connection(self.host, self.port, timeout_s=STARTUP_TIMEOUT_S)
         conn.connect()
         shared.results.put(_Ready("producer", self.index))
-        if not shared.start.wait(2 * _STARTUP_TIMEOUT_S):
+        if not shared.start.wait(2 * STARTUP_TIMEOUT_S):
             raise TimeoutError("the coordinator never said start")
         failed_connects = 0
         while True:
@@ -321,9 +393,14 @@ class _Producer:
         token = self.token
         index = self.index
         size = self.options.size
+        destination_of = self.options.destination_of
         data = b"".join(
             encode_frame(
-                Frame("SEND", {**headers, "receipt": str(s)}, make_body(token, index, s, size))
+                Frame(
+                    "SEND",
+                    {**headers[destination_of(index, s)], "receipt": str(s)},
+                    make_body(token, index, s, size),
+                )
             )
             for s in range(seq, seq + n)
         )
@@ -412,8 +489,10 @@ class _Producer:
 # -- consumer ---------------------------------------------------------------------------------
 
 
-def _consumer_main(options: _Options, host: str, port: int, token: bytes, shared: _Shared) -> None:
-    consumer = _Consumer(options, host, port, token, shared)
+def _consumer_main(
+    index: int, options: Options, host: str, port: int, token: bytes, shared: _Shared
+) -> None:
+    consumer = _Consumer(index, options, host, port, token, shared)
     failure = ""
     try:
         consumer.run()
@@ -423,49 +502,58 @@ def _consumer_main(options: _Options, host: str, port: int, token: bytes, shared
 
 
 class _Consumer:
+    """One connection subscribed to the destinations of its group; the subscription id of a
+    destination is its index in ``Options.destinations``."""
+
     def __init__(
-        self, options: _Options, host: str, port: int, token: bytes, shared: _Shared
+        self, index: int, options: Options, host: str, port: int, token: bytes, shared: _Shared
     ) -> None:
+        self.index = index
         self.options = options
         self.host = host
         self.port = port
         self.prefix = body_prefix(token)
         self.shared = shared
+        self.subscriptions = {str(d): d for d in options.consumer_groups[index]}
         self.counts = [bytearray() for _ in range(options.producers)]
         self.received = 0
         self.redelivered = 0
         self.foreign = 0
+        self.misrouted = 0
         #: Ack ids of messages read and not yet acknowledged ("processed"), oldest first.
         self.pending: collections.deque[str] = collections.deque()
 
-    def report(self, failure: str) -> _ConsumerReport:
-        return _ConsumerReport(
+    def report(self, failure: str) -> ConsumerReport:
+        return ConsumerReport(
+            index=self.index,
             counts=tuple(bytes(c) for c in self.counts),
             received=self.received,
             redelivered=self.redelivered,
             foreign=self.foreign,
+            misrouted=self.misrouted,
             failure=failure,
         )
 
     def run(self) -> None:
         shared = self.shared
-        conn = Connection(self.host, self.port, timeout_s=_STARTUP_TIMEOUT_S)
+        conn = Connection(self.host, self.port, timeout_s=STARTUP_TIMEOUT_S)
         try:
             conn.connect()
-            conn.send_frame(
-                Frame(
-                    "SUBSCRIBE",
-                    {
-                        "id": "0",
-                        "destination": self.options.destination,
-                        "ack": "client-individual",
-                        "activemq.prefetchSize": str(PREFETCH),
-                        "receipt": "subscribed",
-                    },
+            for sub_id, destination in self.subscriptions.items():
+                conn.send_frame(
+                    Frame(
+                        "SUBSCRIBE",
+                        {
+                            "id": sub_id,
+                            "destination": self.options.destinations[destination],
+                            "ack": "client-individual",
+                            "activemq.prefetchSize": str(PREFETCH),
+                            "receipt": f"subscribed-{sub_id}",
+                        },
+                    )
                 )
-            )
-            conn.expect("RECEIPT", "subscribed")
-            shared.results.put(_Ready("consumer", 0))
+                conn.expect("RECEIPT", f"subscribed-{sub_id}")
+            shared.results.put(_Ready("consumer", self.index))
             self._consume(conn)
             self._ack(conn, len(self.pending))
             conn.disconnect()
@@ -475,10 +563,11 @@ class _Consumer:
     def _consume(self, conn: Connection) -> None:
         stop = self.shared.stop_consumer
         rate_slot = self.shared.rate
+        me = self.index
         credit = 0.0
         last = time.monotonic()
         while not stop.is_set():
-            rate = rate_slot[0]
+            rate = rate_slot[me]
             timeout = _TICK_S
             if self.pending and rate > 0:
                 timeout = min(_TICK_S, max(0.0005, (1.0 - credit) / rate))
@@ -503,10 +592,13 @@ class _Consumer:
     def _tally(self, frames: list[Frame]) -> None:
         prefix = self.prefix
         head = len(prefix)
+        subscriptions = self.subscriptions
+        destination_of = self.options.destination_of
         for frame in frames:
             if frame.command == "MESSAGE":
-                self.pending.append(frame.headers["ack"])
-                if frame.headers.get("redelivered") == "true":
+                headers = frame.headers
+                self.pending.append(headers["ack"])
+                if headers.get("redelivered") == "true":
                     self.redelivered += 1
                 body = frame.body
                 if not body.startswith(prefix):
@@ -517,15 +609,20 @@ class _Consumer:
                 if not 0 <= producer < len(self.counts):
                     self.foreign += 1
                     continue
+                self.received += 1
+                if subscriptions.get(headers.get("subscription", "")) != destination_of(
+                    producer, seq
+                ):
+                    self.misrouted += 1
+                    continue
                 counts = self.counts[producer]
                 if seq >= len(counts):
                     counts.extend(bytes(seq + 1 - len(counts) + 65536))
                 if counts[seq] < 255:
                     counts[seq] += 1
-                self.received += 1
             elif frame.command == "ERROR":
                 raise StompError(frame)
-        self.shared.received[0] = self.received
+        self.shared.received[self.index] = self.received
 
     def _ack(self, conn: Connection, n: int) -> None:
         pending = self.pending
@@ -535,12 +632,101 @@ class _Consumer:
             )
 
 
+# -- reconciliation ---------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class Reconciliation:
+    """The fate of the messages sent to destinations of one kind, and what arrived of them."""
+
+    sent: int = 0
+    accepted: int = 0
+    refused: int = 0
+    #: Sent after a refused SEND on the same connection (never read by the broker).
+    dropped: int = 0
+    #: The connection broke without an answer (should be 0).
+    unknown: int = 0
+    #: Accepted, never received.
+    lost: int = 0
+    #: Extra deliveries of accepted messages.
+    duplicates: int = 0
+    #: Deliveries of refused or dropped messages, or of sequence numbers never sent.
+    delivered_not_accepted: int = 0
+    #: Deliveries of messages of unknown fate.
+    unknown_delivered: int = 0
+
+    @property
+    def lossless(self) -> bool:
+        return not (self.lost or self.duplicates or self.delivered_not_accepted or self.unknown)
+
+    def add(self, other: Reconciliation) -> None:
+        for f in fields(self):
+            setattr(self, f.name, getattr(self, f.name) + getattr(other, f.name))
+
+    def as_dict(self) -> dict[str, int]:
+        return asdict(self)
+
+
+def reconcile(
+    options: Options,
+    producers: list[ProducerReport],
+    consumers: list[ConsumerReport],
+) -> dict[str, Reconciliation]:
+    """Every message of every producer against what the consumers counted, by the kind of
+    its destination (``queue``, ``topic``). Each destination has one subscription, so an
+    accepted message must have arrived exactly once."""
+    n = len(options.destinations)
+    result = {options.kind_of(d): Reconciliation() for d in range(n)}
+    # The consumer report that holds the counts of each destination.
+    owner: dict[int, ConsumerReport] = {}
+    for consumer in consumers:
+        for d in options.consumer_groups[consumer.index]:
+            owner[d] = consumer
+    for report in producers:
+        p = report.index
+        for d in range(n):
+            tally = result[options.kind_of(d)]
+            counts = owner[d].counts[p] if d in owner and p < len(owner[d].counts) else b""
+            # The messages of producer p to destination d: every n-th from the first one
+            # (Options.destination_of); slices keep this at C speed for millions of them.
+            first = (d - p) % n
+            status = report.status[first::n]
+            got = counts[first::n]
+            got, beyond = got[: len(status)], got[len(status) :]
+            got += bytes(len(status) - len(got))
+            accepted = status.count(_ACCEPTED)
+            refused = status.count(_REFUSED)
+            dropped = status.count(_DROPPED)
+            tally.sent += len(status)
+            tally.accepted += accepted
+            tally.refused += refused
+            tally.dropped += dropped
+            tally.unknown += len(status) - accepted - refused - dropped
+            # Anything that arrived with a sequence number that was never sent.
+            tally.delivered_not_accepted += sum(beyond)
+            if got == status.translate(_EXACTLY_ONCE):
+                continue  # each accepted message once, nothing else
+            for state, received in zip(status, got, strict=True):
+                if state == _ACCEPTED:
+                    if received == 0:
+                        tally.lost += 1
+                    elif received > 1:
+                        tally.duplicates += received - 1
+                elif received:
+                    if state in (_REFUSED, _DROPPED):
+                        tally.delivered_not_accepted += received
+                    else:
+                        tally.unknown_delivered += received
+    return result
+
+
 # -- broker observation -----------------------------------------------------------------------
 
 
-class _BrokerLog:
+class BrokerLog:
     """Counts what the broker's log says about flow control and refusals (fed line by line
-    from the thread that drains its stderr)."""
+    from the thread that drains its stderr). A subclass may look for more lines in
+    :meth:`feed_more`."""
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
@@ -566,10 +752,16 @@ class _BrokerLog:
                     self.longest_stop_s = max(self.longest_stop_s, now - since)
             elif _REFUSED_SEND in line:
                 self.refused_sends += 1
+            elif self.feed_more(line, now):
+                pass
             elif _LOG_LEVEL.search(line):
                 self.other_warnings += 1
                 if len(self.first_warnings) < 5:
                     self.first_warnings.append(line)
+
+    def feed_more(self, line: str, now: float) -> bool:
+        """A subclass's lines (called with the lock held); True if ``line`` was one."""
+        return False
 
     def snapshot(self) -> tuple[int, int]:
         with self.lock:
@@ -580,6 +772,18 @@ class _BrokerLog:
         now = time.monotonic()
         with self.lock:
             return max((now - since for since in self.stopped_since.values()), default=0.0)
+
+    def summary(self) -> dict[str, Any]:
+        with self.lock:
+            return {
+                "flow_stops": sum(self.stops.values()),
+                "flow_starts": self.starts,
+                "flow_stops_by_limit": dict(self.stops),
+                "longest_flow_stop_s": round(self.longest_stop_s, 2),
+                "refused_sends_logged": self.refused_sends,
+                "other_warnings": self.other_warnings,
+                "first_warnings": list(self.first_warnings),
+            }
 
 
 def _role(process: psutil.Process) -> str:
@@ -595,7 +799,7 @@ def _role(process: psutil.Process) -> str:
         return f"pid {process.pid}"
 
 
-class _MemorySampler(threading.Thread):
+class MemorySampler(threading.Thread):
     """Every second: the summed PSS (RSS where PSS cannot be read) of the broker's processes."""
 
     def __init__(self, pid: int) -> None:
@@ -660,32 +864,214 @@ class _MemorySampler(threading.Thread):
 # -- coordinator ------------------------------------------------------------------------------
 
 
-def _mib(n: int) -> float:
+def mib(n: int) -> float:
     return n / 2**20
 
 
-def _say(text: str) -> None:
-    print(f"soak: {text}", file=sys.stderr, flush=True)
+@dataclass(frozen=True, slots=True)
+class Phases:
+    """What the coordinator measured along the way, for a summary (times: time.monotonic())."""
+
+    #: Summed PSS (or RSS) of the broker before the producers started.
+    idle: int
+    #: When the producers were told to start.
+    started: float
+    #: Accepted messages per second during calibration (consumers at full speed).
+    calibrated: float
+    #: Messages per second all consumers together acknowledged during the soak.
+    consumer_rate: float
+    soak: tuple[float, float]
+    drain: tuple[float, float]
+    #: Messages received during the drain.
+    drained: int
+    #: Counts over the soak phase: sent, accepted, refused, received, stops, starts.
+    soak_counts: dict[str, int]
+    soak_end_pss: int
+    after_drain_pss: int
+    #: How long the longest flow stop still in force at the soak's end had lasted.
+    stopped_at_end_s: float
 
 
-@dataclass
-class _Run:
-    options: _Options
-    minutes: float
-    calibrate_s: float
-    ctx: SpawnContext = field(default_factory=lambda: multiprocessing.get_context("spawn"))
-    processes: list[BaseProcess] = field(default_factory=list)
-    producer_reports: dict[int, _ProducerReport] = field(default_factory=dict)
-    consumer_report: _ConsumerReport | None = None
-    failures: list[str] = field(default_factory=list)
+class SoakRun:
+    """The coordinator: starts the broker, the consumers (which subscribe) and then the
+    producers; calibrates, soaks, stops the producers, drains and reconciles.
 
-    def __post_init__(self) -> None:
-        self.shared = _Shared.create(self.ctx, self.options.producers)
+    Subclasses change :meth:`start_broker`, :meth:`on_started` (the producers were just told
+    to start), :meth:`progress_line`, :meth:`summarize` and :meth:`close` (always called at
+    the end, before the broker stops).
+    """
+
+    #: Prefix of progress lines and the names of the processes.
+    name = "soak"
+
+    def __init__(
+        self,
+        options: Options,
+        minutes: float,
+        calibrate_s: float,
+        *,
+        consumer_share: float = CONSUMER_SHARE,
+        log: BrokerLog | None = None,
+    ) -> None:
+        self.options = options
+        self.minutes = minutes
+        self.calibrate_s = calibrate_s
+        self.consumer_share = consumer_share
+        self.ctx: SpawnContext = multiprocessing.get_context("spawn")
+        self.processes: list[BaseProcess] = []
+        self.producer_reports: dict[int, ProducerReport] = {}
+        self.consumer_reports: dict[int, ConsumerReport] = {}
+        self.failures: list[str] = []
+        self.shared = _Shared.create(self.ctx, options.producers, options.consumers)
         self.token = secrets.token_hex(4).encode()
-        self.log = _BrokerLog()
+        self.log = log if log is not None else BrokerLog()
 
-    def _accepted(self) -> int:
+    # -- hooks ----------------------------------------------------------------------------
+
+    def start_broker(self) -> ServerProcess:
+        """A started broker whose stderr lines go to ``self.log.feed``."""
+        options = self.options
+        config = soak_config(
+            send_timeout_ms=options.send_timeout_ms, destination=options.destinations[0]
+        )
+        server = ServerProcess.broker(config=config)
+        server.on_line = self.log.feed
+        return server.start()
+
+    def on_started(self, server: ServerProcess, started: float) -> None:
+        """The producers were just told to start (at ``started``)."""
+
+    def progress_line(self, elapsed: float, sampler: MemorySampler) -> str:
+        shared = self.shared
+        accepted = self.accepted()
+        received = self.received()
+        stops, starts = self.log.snapshot()
+        return (
+            f"{elapsed / 60:4.1f} min: accepted {accepted:,}, refused {sum(shared.refused):,},"
+            f" received {received:,}, backlog {accepted - received:,};"
+            f" broker {sampler.kind} {mib(sampler.latest()):.1f} MiB"
+            f" (peak {mib(sampler.peak):.1f}); flow stops {stops}, starts {starts}"
+        )
+
+    def summarize(self, phases: Phases, sampler: MemorySampler) -> dict[str, Any]:
+        """The summary of ``python -m bench.soak`` (see :func:`format_summary`)."""
+        options = self.options
+        messages = self.message_summary()
+        soak_s = phases.soak[1] - phases.soak[0]
+        half = (phases.soak[0] + phases.soak[1]) / 2
+        counts = phases.soak_counts
+        summary: dict[str, Any] = {
+            "command": {
+                "minutes": self.minutes,
+                "producers": options.producers,
+                "size": options.size,
+                "persistent": options.persistent,
+                "send_timeout_ms": options.send_timeout_ms,
+                "destination": options.destinations[0],
+                "msg_high": MSG_HIGH,
+                "msg_low": MSG_LOW,
+            },
+            **self.phase_summary(phases),
+            "soak_sent_rate": round(counts["sent"] / soak_s),
+            "soak_accepted_rate": round(counts["accepted"] / soak_s),
+            "soak_refused": counts["refused"],
+            "soak_consumer_rate": round(counts["received"] / soak_s),
+            "soak_flow_stops": counts["stops"],
+            "soak_flow_starts": counts["starts"],
+            "stopped_at_soak_end_s": round(phases.stopped_at_end_s, 2),
+            **messages,
+            **self.memory_summary(phases, sampler),
+            "peak_first_half_mib": round(mib(sampler.peak_between(phases.soak[0], half)), 1),
+            "peak_second_half_mib": round(mib(sampler.peak_between(half, phases.soak[1])), 1),
+            **self.log.summary(),
+        }
+        summary["ok"] = messages["lossless"] and not self.failures
+        return summary
+
+    def close(self) -> None:
+        """Always called at the end of :meth:`run`, before the broker stops."""
+
+    # -- pieces of a summary --------------------------------------------------------------
+
+    def accepted(self) -> int:
         return sum(self.shared.accepted)
+
+    def received(self) -> int:
+        return sum(self.shared.received)
+
+    def reconciliation(self) -> dict[str, Reconciliation]:
+        return reconcile(
+            self.options,
+            [self.producer_reports[i] for i in sorted(self.producer_reports)],
+            [self.consumer_reports[i] for i in sorted(self.consumer_reports)],
+        )
+
+    def message_summary(self) -> dict[str, Any]:
+        """What happened to the messages, over all destinations; ``lossless`` says whether
+        every accepted message arrived exactly once and nothing else did."""
+        reports = [self.producer_reports[i] for i in sorted(self.producer_reports)]
+        consumers = list(self.consumer_reports.values())
+        total = Reconciliation()
+        for part in self.reconciliation().values():
+            total.add(part)
+        refusals: collections.Counter[str] = collections.Counter()
+        for report in reports:
+            refusals.update(dict(report.refusals))
+        foreign = sum(c.foreign for c in consumers)
+        misrouted = sum(c.misrouted for c in consumers)
+        return {
+            "sent": total.sent,
+            "accepted": total.accepted,
+            "refused": total.refused,
+            "dropped": total.dropped,
+            "unknown": total.unknown,
+            "received": sum(c.received for c in consumers),
+            "redelivered": sum(c.redelivered for c in consumers),
+            "foreign": foreign,
+            "misrouted": misrouted,
+            "lost": total.lost,
+            "duplicates": total.duplicates,
+            "delivered_not_accepted": total.delivered_not_accepted,
+            "unknown_delivered": total.unknown_delivered,
+            "lossless": total.lossless and not foreign and not misrouted,
+            "connections": sum(r.connections for r in reports),
+            "refusal_messages": dict(refusals.most_common(5)),
+            "longest_receipt_s": round(max((r.longest_receipt_s for r in reports), default=0), 3),
+            "longest_refusal_s": round(max((r.longest_refusal_s for r in reports), default=0), 3),
+            "slow_receipts": sum(r.slow_receipts for r in reports),
+            "producer_problems": [p for r in reports for p in r.problems][:10],
+            "producer_problem_count": sum(len(r.problems) for r in reports),
+        }
+
+    def phase_summary(self, phases: Phases) -> dict[str, Any]:
+        drain_s = phases.drain[1] - phases.drain[0]
+        return {
+            "duration_s": round(phases.drain[1] - phases.started, 1),
+            "soak_s": round(phases.soak[1] - phases.soak[0], 1),
+            "calibrated_rate": round(phases.calibrated),
+            "consumer_target_rate": round(phases.consumer_rate),
+            "drain_s": round(drain_s, 1),
+            "drained": phases.drained,
+            "drain_rate": round(phases.drained / drain_s) if drain_s > 0 else 0,
+        }
+
+    def memory_summary(self, phases: Phases, sampler: MemorySampler) -> dict[str, Any]:
+        return {
+            "memory_kind": sampler.kind,
+            "broker_processes": sampler.processes,
+            "idle_mib": round(mib(phases.idle), 1),
+            "peak_mib": round(mib(sampler.peak), 1),
+            "peak_at_s": round(sampler.peak_at - phases.started, 1),
+            "peak_rss_sum_mib": round(mib(sampler.peak_rss), 1),
+            "peak_parts_mib": {k: round(mib(v), 1) for k, v in sorted(sampler.peak_parts.items())},
+            "soak_end_mib": round(mib(phases.soak_end_pss), 1),
+            "after_drain_mib": round(mib(phases.after_drain_pss), 1),
+        }
+
+    # -- running --------------------------------------------------------------------------
+
+    def say(self, text: str) -> None:
+        print(f"{self.name}: {text}", file=sys.stderr, flush=True)
 
     def _wait_for(self, want: int, what: str, timeout_s: float) -> None:
         """Collect reports until ``want`` of kind ``what`` arrived."""
@@ -703,7 +1089,7 @@ class _Run:
                         f"every process exited; only {got} of {want} {what}"
                     ) from None
                 continue
-            if isinstance(report, _ProducerReport):
+            if isinstance(report, ProducerReport):
                 self.producer_reports[report.index] = report
                 if report.failure:
                     self.failures.append(f"producer {report.index}: {report.failure}")
@@ -711,33 +1097,32 @@ class _Run:
                     got += 1
                 else:
                     raise RuntimeError(f"producer {report.index} ended early: {report.failure}")
-            elif isinstance(report, _ConsumerReport):
-                self.consumer_report = report
+            elif isinstance(report, ConsumerReport):
+                self.consumer_reports[report.index] = report
+                single = self.options.consumers == 1
                 if report.failure:
-                    self.failures.append(f"consumer: {report.failure}")
-                if what == "consumer report":
+                    who = "consumer" if single else f"consumer {report.index}"
+                    self.failures.append(f"{who}: {report.failure}")
+                if what == "consumer reports":
                     got += 1
                 else:
-                    raise RuntimeError(f"the consumer ended early: {report.failure}")
+                    who = "the consumer" if single else f"consumer {report.index}"
+                    raise RuntimeError(f"{who} ended early: {report.failure}")
             elif what == "ready notices":
                 got += 1
 
     def run(self) -> dict[str, Any]:
-        options = self.options
-        config = soak_config(
-            send_timeout_ms=options.send_timeout_ms, destination=options.destination
-        )
-        server = ServerProcess.broker(config=config)
-        server.on_line = self.log.feed
-        server.start()
-        _say(f"broker (pid {server.pid}) ready on {server.host}:{server.port}")
-        sampler: _MemorySampler | None = None
+        server = self.start_broker()
+        self.say(f"broker (pid {server.pid}) ready on {server.host}:{server.port}")
+        sampler: MemorySampler | None = None
         try:
-            sampler = _MemorySampler(server.pid)
-            summary = self._run(server, sampler)
+            sampler = MemorySampler(server.pid)
+            phases = self._run(server, sampler)
+            summary = self.summarize(phases, sampler)
         finally:
             if sampler is not None:
                 sampler.finish.set()
+            self.close()
             self.shared.stop_producers.set()
             self.shared.stop_consumer.set()
             for process in self.processes:
@@ -750,49 +1135,61 @@ class _Run:
             except ServerError as exc:
                 self.failures.append(str(exc))
         summary["failures"] = self.failures
+        if self.failures:
+            summary["ok"] = False
         return summary
 
-    def _run(self, server: ServerProcess, sampler: _MemorySampler) -> dict[str, Any]:
+    def _run(self, server: ServerProcess, sampler: MemorySampler) -> Phases:
         options = self.options
         shared = self.shared
         args = (options, server.host, server.port, self.token, shared)
-        consumer = self.ctx.Process(target=_consumer_main, args=args, name="soak-consumer")
-        consumer.start()
-        self.processes.append(consumer)
-        self._wait_for(1, "ready notices", _STARTUP_TIMEOUT_S)
+        consumers: list[BaseProcess] = []
+        for index in range(options.consumers):
+            suffix = "" if options.consumers == 1 else f"-{index}"
+            process = self.ctx.Process(
+                target=_consumer_main, args=(index, *args), name=f"{self.name}-consumer{suffix}"
+            )
+            process.start()
+            consumers.append(process)
+            self.processes.append(process)
+        self._wait_for(options.consumers, "ready notices", STARTUP_TIMEOUT_S)
         for index in range(options.producers):
             process = self.ctx.Process(
-                target=_producer_main, args=(index, *args), name=f"soak-producer-{index}"
+                target=_producer_main, args=(index, *args), name=f"{self.name}-producer-{index}"
             )
             process.start()
             self.processes.append(process)
-        self._wait_for(options.producers, "ready notices", _STARTUP_TIMEOUT_S)
+        self._wait_for(options.producers, "ready notices", STARTUP_TIMEOUT_S)
 
         idle, _ = sampler.sample()
         sampler.start()
         started = time.monotonic()
         shared.start.set()
-        _say(
+        self.on_started(server, started)
+        self.say(
             f"{options.producers} producers at full speed; calibrating for {self.calibrate_s:g} s"
-            " with the consumer at full speed"
+            f" with the consumer{'s' if options.consumers > 1 else ''} at full speed"
         )
         # Calibration: the rate from the first second on (connections warm, processes up).
         first = min(1.0, self.calibrate_s / 3)
         time.sleep(first)
-        at_first = self._accepted()
+        at_first = self.accepted()
         time.sleep(self.calibrate_s - first)
-        calibrated = (self._accepted() - at_first) / (self.calibrate_s - first)
-        consumer_rate = max(1.0, calibrated * CONSUMER_SHARE)
-        shared.rate[0] = consumer_rate
+        calibrated = (self.accepted() - at_first) / (self.calibrate_s - first)
+        consumer_rate = max(1.0, calibrated * self.consumer_share)
+        # Each consumer takes its destinations' share: producers send to all alike.
+        for index, group in enumerate(options.consumer_groups):
+            shared.rate[index] = consumer_rate * len(group) / len(options.destinations)
         soak_start = time.monotonic()
-        accepted_at_start = self._accepted()
-        received_at_start = shared.received[0]
+        accepted_at_start = self.accepted()
+        received_at_start = self.received()
         sent_at_start = sum(shared.sent)
         refused_at_start = sum(shared.refused)
         stops_at_start, starts_at_start = self.log.snapshot()
-        _say(
-            f"producers reached {calibrated:,.0f} msgs/s; the consumer now takes "
-            f"{consumer_rate:,.0f}/s for {self.minutes:g} min"
+        self.say(
+            f"producers reached {calibrated:,.0f} msgs/s; the consumer"
+            f"{'s' if options.consumers > 1 else ''} now take{'' if options.consumers > 1 else 's'}"
+            f" {consumer_rate:,.0f}/s for {self.minutes:g} min"
         )
 
         soak_s = self.minutes * 60
@@ -803,54 +1200,54 @@ class _Run:
                 break
             if now >= next_progress:
                 next_progress += _PROGRESS_S
-                self._progress(now - soak_start, sampler)
+                self.say(self.progress_line(now - soak_start, sampler))
             time.sleep(min(0.2, soak_start + soak_s - now))
         soak_end = time.monotonic()
         soak_end_pss = sampler.latest()
-        accepted_at_end = self._accepted()
-        received_at_end = shared.received[0]
+        accepted_at_end = self.accepted()
+        received_at_end = self.received()
         sent_at_end = sum(shared.sent)
         refused_at_end = sum(shared.refused)
         stops_at_end, starts_at_end = self.log.snapshot()
         stopped_at_end_s = self.log.still_stopped_s()
 
-        # The end: producers settle what is in flight and report; then the consumer drains.
+        # The end: producers settle what is in flight and report; then the consumers drain.
         shared.stop_producers.set()
         self._wait_for(
-            options.producers, "producer reports", 2 * options.stall_s + _STARTUP_TIMEOUT_S
+            options.producers, "producer reports", 2 * options.stall_s + STARTUP_TIMEOUT_S
         )
         accepted = sum(r.status.count(_ACCEPTED) for r in self.producer_reports.values())
-        _say(f"producers stopped; draining {accepted - shared.received[0]:,} messages")
-        shared.rate[0] = -1.0
+        self.say(f"producers stopped; draining {accepted - self.received():,} messages")
+        for index in range(options.consumers):
+            shared.rate[index] = -1.0
         drain_start = time.monotonic()
-        received_at_drain = shared.received[0]
+        received_at_drain = self.received()
         last_count, last_change = received_at_drain, drain_start
-        while shared.received[0] < accepted:
+        while self.received() < accepted:
             time.sleep(0.05)
             now = time.monotonic()
-            if shared.received[0] != last_count:
-                last_count, last_change = shared.received[0], now
+            if self.received() != last_count:
+                last_count, last_change = self.received(), now
             elif now - last_change > _DRAIN_STALL_S:
-                _say(f"nothing arrived for {_DRAIN_STALL_S:g} s; giving up the drain")
+                self.say(f"nothing arrived for {_DRAIN_STALL_S:g} s; giving up the drain")
                 break
-            if not consumer.is_alive():
+            if not all(c.is_alive() for c in consumers):
                 break
         drain_end = time.monotonic()
         time.sleep(_DUPLICATE_GRACE_S)
         shared.stop_consumer.set()
-        self._wait_for(1, "consumer report", _STARTUP_TIMEOUT_S)
+        self._wait_for(options.consumers, "consumer reports", STARTUP_TIMEOUT_S)
         sampler.finish.set()
         sampler.join(5)
         after_drain_pss = sampler.sample()[0]
-        return self._summary(
+        return Phases(
             idle=idle,
-            sampler=sampler,
             started=started,
             calibrated=calibrated,
             consumer_rate=consumer_rate,
             soak=(soak_start, soak_end),
             drain=(drain_start, drain_end),
-            drained=shared.received[0] - received_at_drain,
+            drained=self.received() - received_at_drain,
             soak_counts={
                 "sent": sent_at_end - sent_at_start,
                 "accepted": accepted_at_end - accepted_at_start,
@@ -864,141 +1261,28 @@ class _Run:
             stopped_at_end_s=stopped_at_end_s,
         )
 
-    def _progress(self, elapsed: float, sampler: _MemorySampler) -> None:
-        shared = self.shared
-        accepted = self._accepted()
-        received = shared.received[0]
-        stops, starts = self.log.snapshot()
-        _say(
-            f"{elapsed / 60:4.1f} min: accepted {accepted:,}, refused {sum(shared.refused):,},"
-            f" received {received:,}, backlog {accepted - received:,};"
-            f" broker {sampler.kind} {_mib(sampler.latest()):.1f} MiB"
-            f" (peak {_mib(sampler.peak):.1f}); flow stops {stops}, starts {starts}"
-        )
 
-    def _summary(
-        self,
-        *,
-        idle: int,
-        sampler: _MemorySampler,
-        started: float,
-        calibrated: float,
-        consumer_rate: float,
-        soak: tuple[float, float],
-        drain: tuple[float, float],
-        drained: int,
-        soak_counts: dict[str, int],
-        soak_end_pss: int,
-        after_drain_pss: int,
-        stopped_at_end_s: float,
-    ) -> dict[str, Any]:
-        options = self.options
-        reports = [self.producer_reports[i] for i in sorted(self.producer_reports)]
-        consumer = self.consumer_report or _ConsumerReport()
-        tallies = {"accepted": 0, "refused": 0, "dropped": 0, "unknown": 0}
-        lost = duplicates = unaccepted_delivered = unknown_delivered = 0
-        for report in reports:
-            counts = consumer.counts[report.index] if report.index < len(consumer.counts) else b""
-            status = report.status
-            tallies["accepted"] += status.count(_ACCEPTED)
-            tallies["refused"] += status.count(_REFUSED)
-            tallies["dropped"] += status.count(_DROPPED)
-            tallies["unknown"] += status.count(_UNKNOWN) + status.count(_IN_FLIGHT)
-            for seq, state in enumerate(status):
-                n = counts[seq] if seq < len(counts) else 0
-                if state == _ACCEPTED:
-                    if n == 0:
-                        lost += 1
-                    elif n > 1:
-                        duplicates += n - 1
-                elif n:
-                    if state in (_REFUSED, _DROPPED):
-                        unaccepted_delivered += n
-                    else:
-                        unknown_delivered += n
-            # Anything that arrived with a sequence number that was never sent.
-            unaccepted_delivered += sum(counts[len(status) :])
-        sent = sum(len(r.status) for r in reports)
-        soak_s = soak[1] - soak[0]
-        drain_s = drain[1] - drain[0]
-        refusals: collections.Counter[str] = collections.Counter()
-        for report in reports:
-            refusals.update(dict(report.refusals))
-        half = (soak[0] + soak[1]) / 2
-        with self.log.lock:
-            stops_by = dict(self.log.stops)
-            log_summary = {
-                "flow_stops": sum(self.log.stops.values()),
-                "flow_starts": self.log.starts,
-                "flow_stops_by_limit": stops_by,
-                "longest_flow_stop_s": round(self.log.longest_stop_s, 2),
-                "refused_sends_logged": self.log.refused_sends,
-                "other_warnings": self.log.other_warnings,
-                "first_warnings": list(self.log.first_warnings),
-            }
-        summary: dict[str, Any] = {
-            "command": {
-                "minutes": self.minutes,
-                "producers": options.producers,
-                "size": options.size,
-                "persistent": options.persistent,
-                "send_timeout_ms": options.send_timeout_ms,
-                "destination": options.destination,
-                "msg_high": MSG_HIGH,
-                "msg_low": MSG_LOW,
-            },
-            "duration_s": round(drain[1] - started, 1),
-            "soak_s": round(soak_s, 1),
-            "calibrated_rate": round(calibrated),
-            "consumer_target_rate": round(consumer_rate),
-            "soak_sent_rate": round(soak_counts["sent"] / soak_s),
-            "soak_accepted_rate": round(soak_counts["accepted"] / soak_s),
-            "soak_refused": soak_counts["refused"],
-            "soak_consumer_rate": round(soak_counts["received"] / soak_s),
-            "soak_flow_stops": soak_counts["stops"],
-            "soak_flow_starts": soak_counts["starts"],
-            "stopped_at_soak_end_s": round(stopped_at_end_s, 2),
-            "drain_s": round(drain_s, 1),
-            "drained": drained,
-            "drain_rate": round(drained / drain_s) if drain_s > 0 else 0,
-            "sent": sent,
-            **tallies,
-            "received": consumer.received,
-            "redelivered": consumer.redelivered,
-            "foreign": consumer.foreign,
-            "lost": lost,
-            "duplicates": duplicates,
-            "delivered_not_accepted": unaccepted_delivered,
-            "unknown_delivered": unknown_delivered,
-            "connections": sum(r.connections for r in reports),
-            "refusal_messages": dict(refusals.most_common(5)),
-            "longest_receipt_s": round(max((r.longest_receipt_s for r in reports), default=0), 3),
-            "longest_refusal_s": round(max((r.longest_refusal_s for r in reports), default=0), 3),
-            "slow_receipts": sum(r.slow_receipts for r in reports),
-            "producer_problems": [p for r in reports for p in r.problems][:10],
-            "producer_problem_count": sum(len(r.problems) for r in reports),
-            "memory_kind": sampler.kind,
-            "broker_processes": sampler.processes,
-            "idle_mib": round(_mib(idle), 1),
-            "peak_mib": round(_mib(sampler.peak), 1),
-            "peak_at_s": round(sampler.peak_at - started, 1),
-            "peak_rss_sum_mib": round(_mib(sampler.peak_rss), 1),
-            "peak_parts_mib": {k: round(_mib(v), 1) for k, v in sorted(sampler.peak_parts.items())},
-            "peak_first_half_mib": round(_mib(sampler.peak_between(soak[0], half)), 1),
-            "peak_second_half_mib": round(_mib(sampler.peak_between(half, soak[1])), 1),
-            "soak_end_mib": round(_mib(soak_end_pss), 1),
-            "after_drain_mib": round(_mib(after_drain_pss), 1),
-            **log_summary,
-        }
-        summary["ok"] = (
-            lost == 0
-            and duplicates == 0
-            and unaccepted_delivered == 0
-            and consumer.foreign == 0
-            and tallies["unknown"] == 0
-            and not self.failures
-        )
-        return summary
+def producer_lines(s: dict[str, Any]) -> list[str]:
+    """The part of a summary both soaks print: stops by limit, waits, refusals, the broker
+    log's warnings, producer problems, failures."""
+    lines = [
+        f"  stops by limit: {s['flow_stops_by_limit']}",
+        f"producers waited at most {s['longest_receipt_s']:g} s for a RECEIPT"
+        f" ({s['slow_receipts']:,} took over 1 s), {s['longest_refusal_s']:g} s for an ERROR;"
+        f" {s['connections']} connections",
+    ]
+    if s["refusal_messages"]:
+        lines.append(f"  refusals: {s['refusal_messages']}")
+    lines.append(
+        f"broker log: {s['refused_sends_logged']:,} refused SENDs, {s['other_warnings']} other"
+        " warnings or errors"
+    )
+    lines += [f"  {w}" for w in s["first_warnings"]]
+    if s["producer_problem_count"]:
+        lines.append(f"producer problems ({s['producer_problem_count']}):")
+        lines += [f"  {p}" for p in s["producer_problems"]]
+    lines += [f"FAILURE: {f}" for f in s["failures"]]
+    return lines
 
 
 def format_summary(s: dict[str, Any]) -> str:
@@ -1027,26 +1311,13 @@ def format_summary(s: dict[str, Any]) -> str:
         f" {s['peak_first_half_mib']} MiB, second half {s['peak_second_half_mib']} MiB;"
         f" at its end {s['soak_end_mib']} MiB, after the drain {s['after_drain_mib']} MiB;"
         f" peak of the summed RSS {s['peak_rss_sum_mib']} MiB",
-        "  at the peak: " + ", ".join(f"{role} {mib}" for role, mib in s["peak_parts_mib"].items()),
+        "  at the peak: "
+        + ", ".join(f"{role} {size}" for role, size in s["peak_parts_mib"].items()),
         f"flow control: {s['flow_stops']} stops, {s['flow_starts']} starts"
         f" ({s['soak_flow_stops']} / {s['soak_flow_starts']} during the soak);"
         f" longest stop {s['longest_flow_stop_s']:g} s",
-        f"  stops by limit: {s['flow_stops_by_limit']}",
-        f"producers waited at most {s['longest_receipt_s']:g} s for a RECEIPT"
-        f" ({s['slow_receipts']:,} took over 1 s), {s['longest_refusal_s']:g} s for an ERROR;"
-        f" {s['connections']} connections",
     ]
-    if s["refusal_messages"]:
-        lines.append(f"  refusals: {s['refusal_messages']}")
-    lines.append(
-        f"broker log: {s['refused_sends_logged']:,} refused SENDs, {s['other_warnings']} other"
-        " warnings or errors"
-    )
-    lines += [f"  {w}" for w in s["first_warnings"]]
-    if s["producer_problem_count"]:
-        lines.append(f"producer problems ({s['producer_problem_count']}):")
-        lines += [f"  {p}" for p in s["producer_problems"]]
-    lines += [f"FAILURE: {f}" for f in s["failures"]]
+    lines += producer_lines(s)
     lines.append("ok: nothing lost" if s["ok"] else "FAILED")
     return "\n".join(lines)
 
@@ -1084,20 +1355,20 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--destination must be a /queue/NAME")
     if args.send_timeout_ms < 0:
         parser.error("--send-timeout-ms must not be negative")
-    options = _Options(
-        destination=args.destination,
+    options = Options.single(
+        args.destination,
         size=args.size,
         persistent=args.persistent,
         producers=args.producers,
         send_timeout_ms=args.send_timeout_ms,
     )
-    run = _Run(options, args.minutes, args.calibrate_seconds)
+    run = SoakRun(options, args.minutes, args.calibrate_seconds)
     try:
         summary = run.run()
     except (ServerError, TimeoutError, RuntimeError) as exc:
-        _say(f"aborted: {describe(exc)}")
+        run.say(f"aborted: {describe(exc)}")
         for failure in run.failures:
-            _say(failure)
+            run.say(failure)
         return 1
     print(json.dumps(summary) if args.json else format_summary(summary), flush=True)
     return 0 if summary["ok"] else 1

@@ -34,6 +34,9 @@ def render_status(data: dict[str, Any]) -> str:
             [w["title"], w["state"], w["pid"], w["incarnation"], w["heartbeat_age_ms"], shown]
         )
     workers = table(["worker", "state", "pid", "restarts", "heartbeat ms", "figures"], rows)
+    temp = _temp_stores(data)
+    if temp:
+        workers += "\n\n" + temp
     memory = data.get("memory")
     if not memory:
         return workers
@@ -42,6 +45,27 @@ def render_status(data: dict[str, Any]) -> str:
         f"memory: level {memory['level']}, {used:.0f} MiB of max_memory {limit:.0f} MiB "
         f"({memory['percent']} %)\n\n{workers}"
     )
+
+
+def _temp_stores(data: dict[str, Any]) -> str:
+    """Each pipeline's temp store (paged non-persistent bodies)."""
+    rows = []
+    for w in data["workers"]:
+        temp = w["stats"].get("temp_store")
+        if temp:
+            rows.append(
+                [
+                    w["title"],
+                    "yes" if temp["paging"] else "no",
+                    temp["messages"],
+                    f"{temp['bytes'] / 2**20:.1f}",
+                    f"{temp['usage_bytes'] / 2**20:.0f}/{temp['limit_bytes'] / 2**20:.0f}",
+                    "yes" if temp["full"] else "no",
+                ]
+            )
+    if not rows:
+        return ""
+    return table(["temp store", "paging", "messages", "MiB", "disk MiB/limit", "full"], rows)
 
 
 def render_flow(data: dict[str, Any]) -> str:

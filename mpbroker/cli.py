@@ -4,12 +4,22 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
+import os
 import sys
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 from mpbroker import __version__
-from mpbroker.config import LOG_LEVELS, Config, ConfigError, iter_settings, load_config
+from mpbroker.config import (
+    LOG_LEVELS,
+    Config,
+    ConfigError,
+    iter_settings,
+    load_config,
+    parse_size,
+)
 
 __all__ = ["build_parser", "main"]
 
@@ -31,16 +41,25 @@ def _apply_overrides(config: Config, args: argparse.Namespace) -> Config:
 def cmd_serve(args: argparse.Namespace) -> int:
     """Run the broker in the foreground until SIGTERM or Ctrl-C.
 
+    A config whose theoretical maximum (see `mpbroker config show`) exceeds
+    memory.max_memory is refused before anything starts (exit code 2).
+
     Example: mpbroker serve --port 61613 --data-dir /var/lib/mpbroker
     """
     from setproctitle import setproctitle
 
+    from mpbroker.budget import fit_gateways, require_fits
     from mpbroker.logs import setup_logging
     from mpbroker.workers.supervisor import serve
 
     config = _apply_overrides(load_config(args.config), args)
+    config, note = fit_gateways(config)
+    # Refused before anything starts (the supervisor checks again, for other callers).
+    require_fits(config)
     setproctitle("mpbroker: supervisor")
     setup_logging("supervisor", config.broker.log_level)
+    if note:
+        logging.getLogger("mpbroker.supervisor").warning("%s", note)
     # SIGHUP reads the same file again, with the same command-line overrides.
     reload_source = (
         (lambda: _apply_overrides(load_config(args.config), args)) if args.config else None
@@ -49,10 +68,14 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 
 def cmd_config_show(args: argparse.Namespace) -> int:
-    """Print every setting with its effective value and what it means.
+    """Print every setting with its effective value and what it means, then the memory
+    budget: every module's budget, the theoretical maximum, the fixed cost and the headroom
+    against memory.max_memory (as TOML comments).
 
     Example: mpbroker config show --config broker.toml
     """
+    from mpbroker.budget import plan, render_plan
+
     config = _apply_overrides(load_config(args.config), args)
     section = ""
     for key, value, doc in iter_settings(config):
@@ -74,6 +97,118 @@ def cmd_config_show(args: argparse.Namespace) -> int:
         for name, value in table.items():
             shown = json.dumps(value) if isinstance(value, str | bool) else value
             print(f"{name} = {shown}  # overrides the default for matching destinations")
+    print()
+    for line in render_plan(plan(config)):
+        print(f"# {line}")
+    return 0
+
+
+# The wizard's inputs: (option name, prompt, parser of the answer).
+_WIZARD_INPUTS: tuple[tuple[str, str, Callable[[str], Any]], ...] = (
+    ("memory", "memory for the broker (e.g. 256MB)", parse_size),
+    ("topics", "estimated number of topics", int),
+    ("queues", "estimated number of queues", int),
+    ("largest_topic_message", "largest topic message (e.g. 64KiB)", parse_size),
+    ("largest_queue_message", "largest queue message (e.g. 64KiB)", parse_size),
+    ("rate", "average message rate, messages/s", float),
+    ("connections", "client connections", int),
+    ("threads", "maximum threads/worker processes", int),
+)
+
+
+def _wizard_values(args: argparse.Namespace) -> dict[str, Any] | None:
+    """Every input, from its flag or (on a terminal) asked for; None after an error."""
+    values = {name: getattr(args, name) for name, _, _ in _WIZARD_INPUTS}
+    missing = [name for name, value in values.items() if value is None]
+    if missing and not sys.stdin.isatty():
+        flags = ", ".join("--" + name.replace("_", "-") for name in missing)
+        print(
+            f"mpbroker: config wizard: missing {flags} (stdin is not a terminal)", file=sys.stderr
+        )
+        return None
+    for name, prompt, parse in _WIZARD_INPUTS:
+        while values[name] is None:
+            try:
+                values[name] = parse(input(f"{prompt}: ").strip())
+            except ValueError as exc:
+                print(f"  {exc}", file=sys.stderr)
+            except EOFError:
+                return None
+    return values
+
+
+def _size_arg(text: str) -> int:
+    try:
+        return parse_size(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def cmd_config_wizard(args: argparse.Namespace) -> int:
+    """Derive module budgets from the memory and the expected load, write them as TOML
+    (each setting with the reason for its value) and print the reasons.
+
+    Asks for the inputs not given as flags when stdin is a terminal. Writes to --out (never
+    over an existing file without --force) or to stdout.
+
+    Example: mpbroker config wizard --memory 256MB --topics 10 --queues 10 --largest-topic-message 64KiB --largest-queue-message 64KiB --rate 50 --connections 20 --threads 500 --out broker.toml
+    """
+    from mpbroker.wizard import WizardError, WizardInputs, derive
+
+    out = Path(args.out) if args.out else None
+    if out is not None and out.exists() and not args.force:
+        print(f"mpbroker: config wizard: {out} exists (--force overwrites it)", file=sys.stderr)
+        return 2
+    values = _wizard_values(args)
+    if values is None:
+        return 2
+    inputs = WizardInputs(
+        memory_bytes=values["memory"],
+        topics=values["topics"],
+        queues=values["queues"],
+        largest_topic_message_bytes=values["largest_topic_message"],
+        largest_queue_message_bytes=values["largest_queue_message"],
+        rate_per_s=values["rate"],
+        connections=values["connections"],
+        threads=values["threads"],
+        cpus=args.cpus or os.cpu_count() or 1,
+    )
+    try:
+        result = derive(inputs)
+    except WizardError as exc:
+        print(f"mpbroker: config {exc}", file=sys.stderr)
+        return 1
+    text = result.toml()
+    if out is None:
+        sys.stdout.write(text)
+        return 0
+    out.write_text(text)
+    for choice in result.choices:
+        print(f"{choice.key} = {json.dumps(choice.value)}: {choice.why}")
+    for line in result.summary():
+        print(line)
+    print(f"written to {out}")
+    return 0
+
+
+def cmd_config_estimate(args: argparse.Namespace) -> int:
+    """How much memory N connections, S sessions (subscriptions) and M waiting messages of
+    B bytes need: Qpid's formula with our measured costs, against memory.max_memory.
+
+    Example: mpbroker config estimate --connections 100 --sessions 200 --messages 100000 --message-bytes 1KiB
+    """
+    from mpbroker.budget import estimate
+
+    config = _apply_overrides(load_config(args.config), args)
+    try:
+        result = estimate(
+            config, args.connections, args.sessions, args.messages, args.message_bytes
+        )
+    except ValueError as exc:
+        print(f"mpbroker: config estimate: {exc}", file=sys.stderr)
+        return 2
+    for line in result.lines():
+        print(line)
     return 0
 
 
@@ -175,11 +310,42 @@ def build_parser() -> argparse.ArgumentParser:
     _add_broker_options(add("serve", cmd_serve))
 
     config = commands.add_parser(
-        "config", help="inspect the configuration", description="Inspect the configuration."
+        "config",
+        help="inspect the configuration, derive one, estimate memory",
+        description="Inspect the configuration, derive one, estimate memory.",
     )
     config_commands = config.add_subparsers(dest="config_command", metavar="COMMAND")
     config_commands.required = True
     _add_broker_options(add("show", cmd_config_show, config_commands))
+    wizard = add("wizard", cmd_config_wizard, config_commands)
+    for name, prompt, parse in _WIZARD_INPUTS:
+        wizard.add_argument(
+            "--" + name.replace("_", "-"),
+            type=_size_arg if parse is parse_size else parse,
+            help=prompt,
+        )
+    wizard.add_argument(
+        "--cpus", type=int, metavar="N", help="CPUs of the broker's machine (default: this one's)"
+    )
+    wizard.add_argument("--out", metavar="FILE", help="write the TOML here (default: stdout)")
+    wizard.add_argument("--force", action="store_true", help="overwrite an existing --out file")
+    estimate = add("estimate", cmd_config_estimate, config_commands)
+    _add_broker_options(estimate)
+    estimate.add_argument("--connections", type=int, default=0, metavar="N", help="connections")
+    estimate.add_argument(
+        "--sessions", type=int, default=0, metavar="S", help="sessions (subscriptions)"
+    )
+    estimate.add_argument(
+        "--messages", type=int, default=0, metavar="M", help="messages waiting in memory"
+    )
+    estimate.add_argument(
+        "--message-bytes",
+        dest="message_bytes",
+        type=_size_arg,
+        default=0,
+        metavar="B",
+        help="body bytes of each message (e.g. 1KiB)",
+    )
 
     admin = commands.add_parser(
         "admin",

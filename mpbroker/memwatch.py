@@ -11,7 +11,23 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["MemLevel", "MemWatch", "parse_levels"]
+__all__ = ["MemLevel", "MemWatch", "parse_levels", "private_pss_bytes"]
+
+
+def private_pss_bytes(smaps_rollup: str) -> int | None:
+    """A process's proportional set size without its shared-memory mappings, from the text
+    of /proc/PID/smaps_rollup (kB lines); None when the fields are missing. Pages the
+    process shares with others (the fork server's imported modules, libraries) count in
+    proportion; the broker's shared-memory segments are left out here and counted once,
+    whole, by the caller."""
+    fields: dict[str, int] = {}
+    for line in smaps_rollup.splitlines():
+        name, _, rest = line.partition(":")
+        if name in ("Pss", "Pss_Shmem"):
+            fields[name] = int(rest.split()[0]) * 1024
+    if "Pss" not in fields:
+        return None
+    return fields["Pss"] - fields.get("Pss_Shmem", 0)
 
 
 @dataclass(frozen=True, slots=True)

@@ -23,6 +23,7 @@ __all__ = [
     "ACK_CLIENT",
     "ACK_INDIVIDUAL",
     "ACK_MODES",
+    "NO_HEADERS",
     "Ack",
     "Barrier",
     "BarrierDone",
@@ -46,7 +47,9 @@ __all__ = [
     "Subscribe",
     "Unsubscribe",
     "decode",
+    "decode_page",
     "encode",
+    "encode_page",
     "message_size",
 ]
 
@@ -79,6 +82,28 @@ class Message(msgspec.Struct, array_like=True, gc=False):
     # The codec `body` is compressed with ("zstd", "zlib"; see mpbroker.compression), or ""
     # for a body kept as sent. Last: an array-like record written before it still decodes.
     encoding: str = ""
+    # A non-persistent message paged out to the temp store (headers and body; see
+    # encode_page): the key to read them back (0 = in memory).
+    temp_key: int = 0
+
+
+# A paged message's page: its headers and body, to disk and back.
+_page_encoder = msgspec.msgpack.Encoder()
+_page_decoder = msgspec.msgpack.Decoder(tuple[dict[str, str], bytes])
+
+# The headers of every paged message waiting in memory: one shared empty dict (never
+# changed: a message's headers are replaced, not edited).
+NO_HEADERS: Final[dict[str, str]] = {}
+
+
+def encode_page(message: Message) -> bytes:
+    """What paging a message out writes: its headers and body."""
+    return _page_encoder.encode((message.headers, message.body))
+
+
+def decode_page(page: bytes) -> tuple[dict[str, str], bytes]:
+    """The headers and body `encode_page` wrote."""
+    return _page_decoder.decode(page)
 
 
 def message_size(message: Message) -> int:

@@ -101,9 +101,12 @@ class BrokerProcess:
             return "\n".join(self.lines)
 
     def workers(self) -> dict[str, psutil.Process]:
-        """Live worker processes by title, e.g. {'gateway 0': proc, 'p2p 0': proc}."""
+        """Live worker processes by title, e.g. {'gateway 0': proc, 'p2p 0': proc}.
+
+        Workers are the supervisor's grandchildren: its child, the fork server, forks them.
+        """
         found: dict[str, psutil.Process] = {}
-        for child in psutil.Process(self.pid).children():
+        for child in self.processes()[1:]:
             try:
                 title = " ".join(child.cmdline())
             except psutil.NoSuchProcess:
@@ -112,6 +115,21 @@ class BrokerProcess:
             if m:
                 found[m.group(1)] = child
         return found
+
+    def processes(self) -> list[psutil.Process]:
+        """The supervisor, then every process under it (fork server, workers), by pid."""
+        try:
+            root = psutil.Process(self.pid)
+            return [root, *root.children(recursive=True)]
+        except psutil.NoSuchProcess:
+            return []
+
+    def forkserver(self) -> psutil.Process:
+        """The fork server (the supervisor's only child)."""
+        children = psutil.Process(self.pid).children()
+        assert len(children) == 1, children
+        assert " ".join(children[0].cmdline()).strip() == "mpbroker: forkserver"
+        return children[0]
 
     def wait_for_worker(
         self, title: str, not_pid: int | None = None, timeout: float = 15.0
@@ -155,7 +173,7 @@ class BrokerProcess:
     def kill(self) -> None:
         """kill -9 the supervisor and every worker (what a crash or OOM kill does)."""
         try:
-            children = psutil.Process(self.pid).children()
+            children = psutil.Process(self.pid).children(recursive=True)
         except psutil.NoSuchProcess:
             children = []
         for p in [psutil.Process(self.pid), *children] if self.proc.poll() is None else children:

@@ -29,6 +29,9 @@ COMMANDS = [path for path, _ in walk(build_parser())]
 SUBCOMMANDS = [path for path in COMMANDS if path]
 
 
+BUDGET_HEADER = "# Memory budget: the most each module can hold (instances x each, total)"
+
+
 def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
     code = main(list(argv))
     out, err = capsys.readouterr()
@@ -38,6 +41,8 @@ def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
 def test_the_tree_has_the_commands_we_document() -> None:
     assert ("serve",) in COMMANDS
     assert ("config", "show") in COMMANDS
+    assert ("config", "wizard") in COMMANDS
+    assert ("config", "estimate") in COMMANDS
 
 
 @pytest.mark.parametrize("path", COMMANDS, ids=lambda p: " ".join(p) or "mpbroker")
@@ -111,6 +116,7 @@ def test_config_show_prints_toml_that_reads_back_as_the_same_config(
         "admin",
         "memory",
         "compression",
+        "temp_store",
         "vol_queue_store",
         "pers_queue_store",
         "topic_store",
@@ -217,7 +223,237 @@ def test_sample_config_lists_every_setting_and_loads(capsys: pytest.CaptureFixtu
     assert load_config(sample) == Config()
     assert main(["config", "show"]) == 0
     shown = capsys.readouterr().out.splitlines()
+    # The memory budget after the settings depends on the machine (one gateway per CPU).
+    shown = shown[: shown.index(BUDGET_HEADER)]
     # Every line of `config show` stands in the sample, commented out where it is a setting.
     text = sample.read_text()
     for line in shown:
         assert (line if line.startswith("[") or not line else f"# {line}") in text, line
+
+
+# -- memory budget: config show, serve, wizard, estimate ----------------------------------------
+
+
+def test_config_show_ends_with_the_memory_budget(capsys: pytest.CaptureFixture[str]) -> None:
+    from mpbroker.budget import format_bytes, plan
+
+    code, out, _ = run(capsys, "config", "show", "--gateways", "2")
+    assert code == 0
+    lines = out.splitlines()
+    budget = lines[lines.index(BUDGET_HEADER) :]
+    assert all(line.startswith("# ") for line in budget)  # TOML comments: the file still loads
+    memory = plan(Config().replace("broker", gateways=2))
+    text = "\n".join(budget)
+    for b in memory.budgets:
+        assert f"# {b.module} " in text
+    assert "10 rings x (1 MiB + 4 KiB)" in text
+    for label, value in (
+        ("module budgets", memory.budget_total),
+        ("fixed cost", memory.fixed_cost),
+        ("theoretical maximum", memory.maximum),
+        ("memory.max_memory", memory.max_memory),
+        ("headroom", memory.headroom),
+    ):
+        row = next(line for line in budget if line.startswith(f"# {label} "))
+        assert format_bytes(value) in row, row
+
+
+def test_serve_refuses_a_config_over_max_memory_before_starting_anything(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "broker.toml"
+    # 2 MiB rings: the second largest module, and the largest alone does not cover the
+    # excess, so the refusal names them.
+    path.write_text('[memory]\nmax_memory = "128MiB"\n[rings]\ncapacity_bytes = "2MiB"\n')
+    data = tmp_path / "data"
+    code, _, err = run(capsys, "serve", "--config", str(path), "--data-dir", str(data))
+    assert code == 2
+    assert err.startswith("mpbroker: config: memory.max_memory = 134217728: ")
+    assert "exceeds memory.max_memory = 128 MiB by " in err
+    assert "thread/buffer (rings)" in err and "rings.capacity_bytes" in err
+    assert not data.exists()
+
+
+WIZARD_FLAGS = [
+    "--memory",
+    "256MB",
+    "--topics",
+    "10",
+    "--queues",
+    "10",
+    "--largest-topic-message",
+    "64KiB",
+    "--largest-queue-message",
+    "64KiB",
+    "--rate",
+    "50",
+    "--connections",
+    "20",
+    "--threads",
+    "500",
+    "--cpus",
+    "2",
+]
+
+
+def test_the_wizard_writes_a_config_that_loads_and_prints_why(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from mpbroker.wizard import WizardInputs, derive
+
+    out = tmp_path / "broker.toml"
+    code, stdout, err = run(capsys, "config", "wizard", *WIZARD_FLAGS, "--out", str(out))
+    assert (code, err) == (0, "")
+    expected = derive(WizardInputs(256_000_000, 10, 10, 65536, 65536, 50.0, 20, 500, 2))
+    assert out.read_text() == expected.toml()
+    assert load_config(out) == expected.config
+    assert "broker.gateways = 2: 500 threads/workers, at most one per CPU (2)" in stdout
+    assert "theoretical maximum" in stdout and f"written to {out}" in stdout
+    # The file it wrote passes serve's check too.
+    code, shown, _ = run(capsys, "config", "show", "--config", str(out))
+    assert code == 0 and "# headroom " in shown
+
+
+def test_the_wizard_never_overwrites_without_force(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "broker.toml"
+    out.write_text("# mine\n")
+    code, _, err = run(capsys, "config", "wizard", *WIZARD_FLAGS, "--out", str(out))
+    assert code == 2
+    assert f"{out} exists (--force overwrites it)" in err
+    assert out.read_text() == "# mine\n"
+    code, _, _ = run(capsys, "config", "wizard", *WIZARD_FLAGS, "--out", str(out), "--force")
+    assert code == 0
+    assert out.read_text().startswith("# Written by `mpbroker config wizard`")
+
+
+def test_the_wizard_writes_to_stdout_without_out(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run(capsys, "config", "wizard", *WIZARD_FLAGS)
+    assert code == 0
+    assert config_from_mapping(tomllib.loads(out)).broker.max_connections == 20
+
+
+def test_the_wizard_asks_for_missing_inputs_on_a_terminal(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    answers = iter(["lots", "64KiB", "64KiB", "50", "20", "500"])
+    asked: list[str] = []
+
+    def answer(prompt: str) -> str:
+        asked.append(prompt)
+        return next(answers)
+
+    monkeypatch.setattr("sys.stdin.isatty", lambda: True)
+    monkeypatch.setattr("builtins.input", answer)
+    code, out, err = run(
+        capsys, "config", "wizard", "--memory", "256MB", "--topics", "10", "--queues", "10"
+    )
+    assert code == 0, err
+    # A bad answer is explained and asked again.
+    assert asked[:2] == ["largest topic message (e.g. 64KiB): "] * 2
+    assert "not a size: 'lots'" in err
+    assert len(asked) == 6
+    assert "[broker]" in out
+
+
+def test_the_wizard_names_missing_inputs_when_it_cannot_ask(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr("sys.stdin.isatty", lambda: False)
+    code, out, err = run(capsys, "config", "wizard", "--memory", "256MB", "--topics", "10")
+    assert (code, out) == (2, "")
+    assert "missing --queues, --largest-topic-message, --largest-queue-message, --rate," in err
+
+
+def test_the_wizard_says_which_input_cannot_fit(capsys: pytest.CaptureFixture[str]) -> None:
+    flags = [*WIZARD_FLAGS]
+    flags[flags.index("--connections") + 1] = "100000"
+    code, out, err = run(capsys, "config", "wizard", *flags)
+    assert (code, out) == (1, "")
+    assert err.startswith("mpbroker: config wizard: --connections 100000: ")
+    assert "short by" in err
+
+
+def test_a_bad_size_flag_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as info:
+        main(["config", "wizard", "--memory", "lots"])
+    assert info.value.code == 2
+    assert "not a size: 'lots'" in capsys.readouterr().err
+
+
+def test_estimate_prints_each_term_and_the_total(capsys: pytest.CaptureFixture[str]) -> None:
+    from mpbroker.budget import estimate
+
+    argv = ["--connections", "100", "--sessions", "200", "--messages", "1000"]
+    code, out, err = run(
+        capsys, "config", "estimate", *argv, "--message-bytes", "1KiB", "--gateways", "2"
+    )
+    assert (code, err) == (0, "")
+    expected = estimate(Config().replace("broker", gateways=2), 100, 200, 1000, 1024)
+    assert out.splitlines() == expected.lines()
+    assert "100 connections x " in out and "fits:" in out
+
+
+def test_estimate_reads_the_config(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "broker.toml"
+    path.write_text('[memory]\nmax_memory = "1GiB"\n')
+    code, out, _ = run(capsys, "config", "estimate", "--config", str(path), "--messages", "10")
+    assert code == 0
+    assert "memory.max_memory = 1 GiB" in out
+
+
+def test_estimate_refuses_negative_counts(capsys: pytest.CaptureFixture[str]) -> None:
+    code, _, err = run(capsys, "config", "estimate", "--connections", "-1")
+    assert code == 2
+    assert "connections = -1: must be >= 0" in err
+
+
+def _readme_section() -> str:
+    """README.md's "Memory budget" section."""
+    readme = (Path(__file__).parent.parent / "README.md").read_text()
+    return readme.split("\n## Memory budget\n", 1)[1].split("\n## ", 1)[0]
+
+
+def _readme_blocks() -> list[str]:
+    """The fenced blocks of README.md's "Memory budget" section."""
+    return _readme_section().split("```")[1::2]
+
+
+def test_the_readme_memory_budget_examples_are_what_the_commands_print(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # When a constant in mpbroker/budget.py changes, paste the commands' output again.
+    refusal, table, wizard_usage, wizard_seed, estimate = _readme_blocks()
+    path = tmp_path / "broker.toml"
+    path.write_text('[memory]\nmax_memory = "128MiB"\n')
+    _, _, err = run(capsys, "serve", "--config", str(path), "--gateways", "2")
+    assert refusal.strip() == err.strip()
+    _, out, _ = run(capsys, "config", "show", "--gateways", "2")
+    assert table.strip() == out[out.index(BUDGET_HEADER) :].strip()
+    # The prose after the table quotes its totals.
+    from mpbroker.budget import format_bytes, plan
+
+    memory = plan(Config().replace("broker", gateways=2))
+    prose = " ".join(_readme_section().split("```")[4].split())
+    share = f"{100 * memory.headroom / memory.max_memory:.0f} %"
+    assert (
+        f"theoretical maximum of {format_bytes(memory.maximum)}, leaving "
+        f"{format_bytes(memory.headroom)} ({share})"
+    ) in prose
+    assert f"Half of the {format_bytes(memory.budget_total)} of module budgets" in prose
+    assert wizard_usage.startswith("sh\nmpbroker config wizard --memory 256MB")
+    seed = [*WIZARD_FLAGS]
+    for flag in ("--largest-topic-message", "--largest-queue-message"):
+        seed[seed.index(flag) + 1] = "20MB"
+    _, out, err = run(capsys, "config", "wizard", *seed)
+    assert err == ""
+    # Excerpts of what it writes, in order, cut where a line is "...".
+    at = 0
+    for excerpt in wizard_seed.strip().split("\n...\n"):
+        assert excerpt in out[at:], excerpt
+        at = out.index(excerpt, at) + len(excerpt)
+    command, _, printed = estimate.strip().partition("\n")
+    assert command.startswith("$ mpbroker config estimate ")
+    _, out, _ = run(capsys, *command.split()[2:])
+    assert printed.strip() == out.strip()

@@ -39,7 +39,7 @@ def test_no_file_means_the_documented_defaults() -> None:
     assert config.broker.port == 61613
     assert config.broker.host == "127.0.0.1"
     assert config.stomp.max_frame_bytes == 1 * MiB
-    assert config.rings.capacity_bytes == 2 * MiB
+    assert config.rings.capacity_bytes == 1 * MiB
     assert config.queues.max_bytes == 24 * MiB
     assert config.vol_queue_store.global_byte_high == 16 * MiB
     assert config.flow.send_timeout_ms == 10000
@@ -67,6 +67,7 @@ def test_every_setting_is_documented_and_listed_in_declaration_order() -> None:
         "admin",
         "memory",
         "compression",
+        "temp_store",
         "vol_queue_store",
         "pers_queue_store",
         "topic_store",
@@ -245,15 +246,19 @@ def test_ring_capacity_must_be_a_power_of_two() -> None:
     assert error.allowed == "must be a power of two"
 
 
-def test_a_ring_must_hold_two_of_the_largest_frames() -> None:
-    error = refused({"rings": {"capacity_bytes": "1MiB"}, "stomp": {"max_frame_bytes": "1MiB"}})
-    assert error.key == "rings.capacity_bytes"
-    assert f"stomp.max_frame_bytes = {MiB}" in error.allowed
-    assert f">= {2 * MiB}" in error.allowed
+def test_rings_need_not_hold_the_largest_frame_or_a_replay_batch() -> None:
+    # Records larger than a quarter of a ring go through it in fragments (issue 5).
     config = config_from_mapping(
-        {"rings": {"capacity_bytes": "1MiB"}, "stomp": {"max_frame_bytes": "512KiB"}}
+        {
+            "rings": {"capacity_bytes": "64KiB"},
+            "stomp": {"max_frame_bytes": "20MiB"},
+            "replay": {"replay_bytes": "1MiB"},
+        }
     )
-    assert config.rings.capacity_bytes == MiB
+    assert config.rings.capacity_bytes == 64 * KiB
+    assert config.stomp.max_frame_bytes == 20 * MiB
+    error = refused({"rings": {"capacity_bytes": "2GiB"}})
+    assert error.key == "rings.capacity_bytes"
 
 
 def test_a_header_line_cannot_be_longer_than_a_frame() -> None:
@@ -280,8 +285,8 @@ def test_replace_validates_the_new_values() -> None:
         Config().replace("broker", port=99999)
     assert info.value.key == "broker.port"
     with pytest.raises(ConfigError) as info:
-        Config().replace("stomp", max_frame_bytes=4 * MiB)
-    assert info.value.key == "rings.capacity_bytes"
+        Config().replace("stomp", max_header_bytes=2 * MiB)
+    assert info.value.key == "stomp.max_header_bytes"
     with pytest.raises(ConfigError) as info:
         Config().replace("queues", nonsense=1)
     assert info.value.key == "queues.nonsense"
@@ -298,7 +303,7 @@ def test_watermarks_that_contradict_each_other_are_refused_naming_both() -> None
         (
             {"vol_queue_store": {"msg_low": 90000}},
             "vol_queue_store.msg_low",
-            "must be from 0 to below vol_queue_store.msg_high = 80000",
+            "must be from 0 to below vol_queue_store.msg_high = 50000",
         ),
         (
             {"topic_store": {"msg_low": 5}},
@@ -491,3 +496,17 @@ def test_max_message_bytes_above_the_frame_limit_is_refused() -> None:
         config_from_mapping({"memory": {"max_message_bytes": "2MiB"}})
     assert info.value.key == "memory.max_message_bytes"
     assert "must not exceed stomp.max_frame_bytes = 1048576" in str(info.value)
+
+
+def test_a_temp_store_limit_below_one_allocation_unit_is_refused() -> None:
+    # ActiveMQ's trap: a temp limit below its journal file size blocked producers forever.
+    with pytest.raises(ConfigError, match=r"temp_store\.limit_bytes = 1048576: below temp_store"):
+        config_from_mapping({"temp_store": {"limit_bytes": "1MiB", "segment_bytes": "8MiB"}})
+    config = config_from_mapping({"temp_store": {"limit_bytes": "8MiB", "segment_bytes": "8MiB"}})
+    assert config.temp_store.limit_bytes == 8 * 1024 * 1024
+    assert config_from_mapping({"temp_store": {"limit_bytes": -1}}).temp_store.limit_bytes == -1
+
+
+def test_a_throttle_level_above_the_memwatch_levels_is_refused() -> None:
+    with pytest.raises(ConfigError, match=r"memory\.throttle_level = 3: there are only 2 levels"):
+        config_from_mapping({"memory": {"throttle_level": 3}})

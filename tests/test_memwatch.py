@@ -61,6 +61,8 @@ def test_workers_collect_garbage_as_often_as_the_level_asks(
     clock = [0.0]
     monkeypatch.setattr(_gc.time, "monotonic", lambda: clock[0])
     monkeypatch.setattr(_gc.gc, "collect", lambda: 0)
+    trims: list[int] = []
+    monkeypatch.setattr(_gc, "release_free_heap", lambda: trims.append(1))
     control = SimpleNamespace(memwatch_level=0)
     level_gc = _gc.LevelGC(control, Config())  # type: ignore[arg-type]
     for level, advance in ((0, 10.0), (1, 1.0), (1, 1.0), (2, 0.75), (2, 0.75)):
@@ -69,3 +71,32 @@ def test_workers_collect_garbage_as_often_as_the_level_asks(
         level_gc.tick()
     # Level 0: never; level 1: every 2 s (one of the two 1-s ticks); level 2: every 750 ms.
     assert level_gc.collections == 3
+    assert len(trims) == 3  # each collection gives the freed C heap back
+
+
+def test_releasing_the_free_heap_gives_freed_bodies_back_to_the_system() -> None:
+    import psutil
+
+    from mpbroker.workers._gc import release_free_heap
+
+    process = psutil.Process()
+    bodies = [bytes(1000) for _ in range(100_000)]  # ~100 MB of malloc'ed blocks
+    pinned = bytes(1000)  # allocated last: the heap's top cannot shrink past it
+    grown = process.memory_info().rss
+    del bodies
+    release_free_heap()
+    assert process.memory_info().rss < grown - 50 * 2**20
+    assert pinned
+
+
+def test_a_process_counts_its_pss_without_its_shared_memory_mappings() -> None:
+    from mpbroker.memwatch import private_pss_bytes
+
+    rollup = (
+        "559fad48f000-7ffc87c22000 ---p 00000000 00:00 0    [rollup]\n"
+        "Rss:                9000 kB\nPss:                6000 kB\nPss_Anon:           3000 kB\n"
+        "Pss_File:           1000 kB\nPss_Shmem:          2000 kB\nShared_Clean:       100 kB\n"
+    )
+    assert private_pss_bytes(rollup) == 4000 * 1024
+    assert private_pss_bytes("Rss: 10 kB\n") is None
+    assert private_pss_bytes("Pss: 10 kB\n") == 10 * 1024  # an old kernel: no Pss_Shmem

@@ -54,6 +54,33 @@ class Pending:
             self._levels[message.priority].appendleft(message)
             self._count += 1
 
+    def paging_candidates(self) -> Iterator[Message]:
+        """Waiting non-persistent messages still in memory, the best to page out
+        first: per priority (lowest first) the newest, after the last paged one; then those
+        before the first paged one, newest first. Messages between two paged ones are not
+        looked at, so a long paged backlog is not scanned again and again."""
+        for level in self._levels:
+            hit_paged = False
+            for message in reversed(level):
+                if message.temp_key:
+                    hit_paged = True
+                    break
+                if not message.persistent:
+                    yield message
+            if not hit_paged:
+                continue
+            head: list[Message] = []
+            for message in level:
+                if message.temp_key:
+                    break
+                if not message.persistent:
+                    head.append(message)
+            yield from reversed(head)
+
+    def newest(self, priority: int) -> Message | None:
+        level = self._levels[priority]
+        return level[-1] if level else None
+
     def remove_where(self, doomed: set[str]) -> list[Message]:
         """Take out the messages whose ids are in `doomed` (e.g. expired); returns them."""
         removed: list[Message] = []

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import msgspec
 
@@ -11,10 +12,13 @@ from mpbroker.config import QueueSettings
 from mpbroker.flow import DISCARD, ExpiryPolicy, FlowTracker, QuotaBook, expired_log_line
 from mpbroker.records import (
     ACK_AUTO,
+    NO_HEADERS,
     Deliver,
     Message,
     Refuse,
     Send,
+    decode_page,
+    encode_page,
     message_size,
 )
 
@@ -23,6 +27,20 @@ from ._pending import Pending
 
 # (queue name, store seq) of a stored message the engine is done with.
 StoredRef = tuple[str, int]
+
+
+class Pager(Protocol):
+    """Where waiting non-persistent messages go when memory is short (the worker's temp
+    store): their pages (headers and body, records.encode_page)."""
+
+    def put(self, page: bytes) -> int | None:
+        """Keep `page`; its key, or None when there is no room."""
+
+    def take(self, key: int) -> bytes:
+        """The page back; the key is forgotten."""
+
+    def drop(self, key: int) -> None:
+        """Forget a page never read back."""
 
 
 @dataclass(eq=False)
@@ -79,7 +97,18 @@ class QueueEngine(Engine):
         # delivery. Without a loader nothing is paged.
         self.loader: Callable[[int], Message] | None = None
         self.cache_entries = 0
+        self.cache_bytes = -1  # -1: bounded by entries only
         self.cached = 0
+        self.cached_bytes = 0
+        # Flow-to-disk of non-persistent messages: with a `pager` (the temp store), while
+        # `paging` is on every message left waiting after dispatch is paged out (headers
+        # and body to disk; in memory only what order and expiry need, ~300 B), and
+        # `page_out` moves those already waiting. `held_bytes` counts only what is in
+        # memory; `paged_bytes` the sizes of the others.
+        self.pager: Pager | None = None
+        self.paging = False
+        self.paged_bytes = 0
+        self.paged_messages = 0
         # Flow control: what each store holds per queue (waiting or unacknowledged),
         # against its watermarks. The worker sends the changes to the gateways.
         self.flow_volatile: FlowTracker | None = None
@@ -135,10 +164,13 @@ class QueueEngine(Engine):
             queue = self.queues[name] = _Queue(name)
         # A message restored already paged (index only) stays so.
         if message.seq and self.loader is not None and not message.paged:
-            if self.cached >= self.cache_entries:
-                message = msgspec.structs.replace(message, body=b"", headers={}, paged=True)
+            if self.cached >= self.cache_entries or -1 < self.cache_bytes < self.cached_bytes + len(
+                message.body
+            ):
+                message = msgspec.structs.replace(message, body=b"", headers=NO_HEADERS, paged=True)
             else:
                 self.cached += 1
+                self.cached_bytes += len(message.body)
         queue.pending.append(message)
         queue.held_messages += 1
         if not message.persistent:
@@ -147,6 +179,58 @@ class QueueEngine(Engine):
         if flow is not None:
             flow.add(name, 1, message.size)
         self._dispatch(queue)
+        # Still waiting after dispatch, while memory is short: its body goes to disk.
+        if (
+            self.paging
+            and not message.persistent
+            and queue.pending.newest(message.priority) is message
+        ):
+            self._page(queue.name, message)
+
+    def _page(self, queue: str, message: Message) -> bool:
+        """Page one waiting message out; False when the pager has no room."""
+        assert self.pager is not None
+        key = self.pager.put(encode_page(message))
+        if key is None:
+            return False
+        # The message is ours alone while it waits: changed in place. Its destination is
+        # its queue's name: one string for all of them.
+        message.body = b""
+        message.headers = NO_HEADERS
+        message.destination = queue
+        message.temp_key = key
+        self._paged(queue, message.size)
+        return True
+
+    def _paged(self, queue: str, nbytes: int) -> None:
+        self.held_bytes -= nbytes
+        self.paged_bytes += nbytes
+        self.paged_messages += 1
+        if self.flow_volatile is not None:
+            self.flow_volatile.remove(queue, 0, nbytes)
+
+    def _unpaged(self, queue: str, nbytes: int) -> None:
+        self.held_bytes += nbytes
+        self.paged_bytes -= nbytes
+        self.paged_messages -= 1
+        if self.flow_volatile is not None:
+            self.flow_volatile.add(queue, 0, nbytes)
+
+    def page_out(self, max_bytes: int) -> int:
+        """Page out bodies of waiting non-persistent messages, about `max_bytes` of them
+        (the newest first, from the longest queues); returns the bytes paged. Stops early
+        when the pager has no room."""
+        if self.pager is None:
+            return 0
+        paged = 0
+        for queue in sorted(self.queues.values(), key=lambda q: len(q.pending), reverse=True):
+            for message in queue.pending.paging_candidates():
+                if not self._page(queue.name, message):
+                    return paged
+                paged += message.size
+                if paged >= max_bytes:
+                    return paged
+        return paged
 
     def _refusal(self, held_messages: int, size: int, persistent: bool) -> str:
         """The limit a new message of `size` bytes would break, or '' if it fits.
@@ -160,19 +244,33 @@ class QueueEngine(Engine):
             return f"max_bytes {self.settings.max_bytes}"
         return ""
 
-    def _taken_index(self, message: Message) -> Message:
-        """A message leaves `pending` without being delivered: only the cache count moves."""
+    def _taken_index(self, message: Message, queue: str) -> Message:
+        """A message leaves `pending` without being delivered: the cache count moves, a
+        paged-out body is forgotten."""
+        if message.temp_key:
+            assert self.pager is not None
+            self.pager.drop(message.temp_key)
+            self._unpaged(queue, message.size)
+            return msgspec.structs.replace(message, temp_key=0)
         if message.seq and not message.paged and self.loader is not None:
             self.cached -= 1
+            self.cached_bytes -= len(message.body)
         return message
 
-    def _taken(self, message: Message) -> Message:
-        """A message leaves `pending`: the whole of it, read back from the store if paged."""
+    def _taken(self, message: Message, queue: str) -> Message:
+        """A message leaves `pending`: the whole of it, read back from the store (or the
+        temp store) if paged."""
+        if message.temp_key:
+            assert self.pager is not None
+            headers, body = decode_page(self.pager.take(message.temp_key))
+            self._unpaged(queue, message.size)
+            return msgspec.structs.replace(message, headers=headers, body=body, temp_key=0)
         if not message.seq:
             return message
         if not message.paged:
             if self.loader is not None:
                 self.cached -= 1
+                self.cached_bytes -= len(message.body)
             return message
         assert self.loader is not None
         stored = self.loader(message.seq)
@@ -320,7 +418,7 @@ class QueueEngine(Engine):
             return 0
         removed: list[Message] = []
         while queue.pending:
-            removed.append(self._taken_index(queue.pending.popleft()))
+            removed.append(self._taken_index(queue.pending.popleft(), queue.name))
         self._forget(queue, removed)
         self._drop_if_idle(queue)
         return len(removed)
@@ -335,7 +433,10 @@ class QueueEngine(Engine):
             return []
         evicted: list[Message] = []
         while queue.pending:
-            evicted.append(self._taken_index(queue.pending.popleft()))
+            message = queue.pending.popleft()
+            # A paged-out body comes back: the caller keeps what it evicts.
+            taken = self._taken(message, queue.name) if message.temp_key else message
+            evicted.append(self._taken_index(taken, queue.name))
         queue.held_messages -= len(evicted)
         self.held_bytes -= sum(m.size for m in evicted if not m.persistent)
         self._flow_left(queue, evicted)
@@ -363,10 +464,10 @@ class QueueEngine(Engine):
         policy = self.expiry_for(queue.name)
         target = policy.destination or self._dead_letter_queue(queue.name)
         if policy.policy == "discard" or (policy.policy == "redirect" and target == queue.name):
-            self._forget(queue, [self._taken_index(m) for m in messages], expired=True)
+            self._forget(queue, [self._taken_index(m, queue.name) for m in messages], expired=True)
             return
         # Logging or moving them needs the whole message, read back if paged.
-        whole = [self._taken(m) for m in messages]
+        whole = [self._taken(m, queue.name) for m in messages]
         if policy.policy == "log":
             self.expiry_log.extend(expired_log_line(m, policy.log_fields) for m in whole)
             self._forget(queue, whole, expired=True)
@@ -412,7 +513,7 @@ class QueueEngine(Engine):
                 self._expire(queue, [message])
                 index -= 1  # this consumer was not served
                 continue
-            message = self._taken(message)
+            message = self._taken(message, queue.name)
             consumer.take(message)
             gateway, conn, sub = consumer.key
             self.outbox.add(gateway, Deliver([(conn, sub)], message))

@@ -2,15 +2,41 @@
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Callable
+from typing import Protocol
 
 import msgspec
 
 from mpbroker.config import TopicSettings
 from mpbroker.flow import FlowChange, Level, Watermark
-from mpbroker.records import Deliver, Message, Refuse, Send, message_size
+from mpbroker.records import (
+    NO_HEADERS,
+    Deliver,
+    Message,
+    Refuse,
+    Send,
+    decode_page,
+    encode_page,
+    message_size,
+)
 
 from ._common import Consumer, Engine, Outbox
+
+
+class SharedPager(Protocol):
+    """Where topic messages waiting for slow subscribers go when memory is short (the
+    worker's temp store): their pages (headers and body, records.encode_page). One page
+    serves every subscriber waiting for the message."""
+
+    def put(self, page: bytes) -> int | None:
+        """Keep `page`; its key, or None when there is no room."""
+
+    def read(self, key: int) -> bytes:
+        """The page, kept for the other subscribers."""
+
+    def drop(self, key: int) -> None:
+        """Forget a page: no subscriber waits for it any more."""
 
 
 class TopicEngine(Engine):
@@ -36,11 +62,28 @@ class TopicEngine(Engine):
         self.live_levels: dict[str, Level] = {}
         self.flow_changes: list[FlowChange] = []
         # Over all topics: messages waiting in subscribers' backlogs, and its watermark.
+        # Bytes are counted once per subscriber waiting (an upper bound of the memory:
+        # subscribers share one copy of a message).
         self.live_total = 0
+        self.live_bytes = 0
         self.global_live = Level(
             Watermark(settings.global_live_msg_high, settings.global_live_msg_low),
             "global_live_msg_high",
         )
+        self.global_live_bytes = Level(
+            Watermark(settings.global_live_byte_high, settings.global_live_byte_low),
+            "global_live_byte_high",
+        )
+        # Flow-to-disk: with a `pager`, while `paging` is on, a message left waiting in
+        # backlogs is paged out (one page for all of them), and `page_out` moves those
+        # already waiting. A paged entry is a stub (no headers, no body, `temp_key`: what
+        # order needs, ~300 B, one object for every backlog); `page_refs` counts the
+        # backlog entries per key and the message's size. `live_bytes` counts only what
+        # is in memory.
+        self.pager: SharedPager | None = None
+        self.paging = False
+        self.page_refs: dict[int, list[int]] = {}
+        self.paged_bytes = 0  # per entry, as live_bytes counts
 
     def _send(self, gateway: int, record: Send) -> None:
         message = record.message
@@ -66,10 +109,17 @@ class TopicEngine(Engine):
         # One Deliver per gateway carries every target there, so a fan-out to many
         # subscribers on one gateway costs one ring record.
         targets: dict[int, list[tuple[int, int]]] = {}
+        stub: Message | None = None
         for consumer in subscribers:
             if consumer.pending or not consumer.ready:
-                consumer.pending.append(message)
+                if self.paging and stub is None:
+                    stub = self._stub(message, consumer.destination) or message
+                entry = stub or message
+                consumer.pending.append(entry)
                 self.live_total += 1
+                self.live_bytes += message.size
+                if entry.temp_key:
+                    self._page_ref(entry.temp_key)
                 continue
             consumer.take(message)
             gateway_index, conn, sub = consumer.key
@@ -91,6 +141,7 @@ class TopicEngine(Engine):
                 msgspec.structs.replace(m, redelivered=True) for m in reversed(messages)
             )
             self.live_total += len(messages)
+            self.live_bytes += sum(m.size for m in messages)
         self._drain(consumer)
 
     def _added(self, consumer: Consumer) -> None:
@@ -101,8 +152,9 @@ class TopicEngine(Engine):
         gateway, conn, sub = consumer.key
         moved = bool(consumer.pending)
         while consumer.pending and consumer.ready:
-            message = consumer.pending.popleft()
+            message = self._unstub(consumer.pending.popleft(), read=True)
             self.live_total -= 1
+            self.live_bytes -= message.size
             consumer.take(message)
             self.outbox.add(gateway, Deliver([(conn, sub)], message))
             self.delivered += 1
@@ -112,10 +164,14 @@ class TopicEngine(Engine):
     def _check_live(self, topic: str) -> None:
         """Stop the topic's publishers when its slowest subscriber is `live_msg_high`
         behind; let them go once it is back to `live_msg_low`. The same for every
-        publisher when all backlogs together reach `global_live_msg_high`."""
-        change = self.global_live.update(self.live_total)
-        if change is not None:
-            self.flow_changes.append(FlowChange("", self.global_live.reason if change else ""))
+        publisher when all backlogs together reach `global_live_msg_high` or
+        `global_live_byte_high`."""
+        before = self.global_live.armed or self.global_live_bytes.armed
+        self.global_live.update(self.live_total)
+        self.global_live_bytes.update(self.live_bytes)
+        reason = self._global_reason()
+        if bool(reason) != before:
+            self.flow_changes.append(FlowChange("", reason))
         level = self.live_levels.get(topic)
         if level is None and not self.topics.get(topic):
             return
@@ -132,13 +188,144 @@ class TopicEngine(Engine):
             self.flow_changes.append(FlowChange(topic, ""))
             del self.live_levels[topic]
 
+    # -- flow-to-disk ----------------------------------------------------------------------
+
+    @property
+    def held_bytes(self) -> int:
+        """Bytes of the live buffer in memory (what paging brings down)."""
+        return self.live_bytes
+
+    @property
+    def paged_messages(self) -> int:
+        return len(self.page_refs)
+
+    def _stub(self, message: Message, topic: str) -> Message | None:
+        """`message` paged out, or None when the pager has no room. (`topic`: its
+        destination, one string for all stubs.)"""
+        assert self.pager is not None
+        key = self.pager.put(encode_page(message))
+        if key is None:
+            return None
+        self.page_refs[key] = [0, message.size]
+        return msgspec.structs.replace(
+            message, destination=topic, headers=NO_HEADERS, body=b"", temp_key=key
+        )
+
+    def _page_ref(self, key: int) -> None:
+        refs = self.page_refs[key]
+        refs[0] += 1
+        self.live_bytes -= refs[1]
+        self.paged_bytes += refs[1]
+
+    def _unstub(self, message: Message, *, read: bool) -> Message:
+        """A backlog entry leaves its backlog: the whole message (if `read`) back in the
+        accounting of memory; the body's page goes with its last entry."""
+        key = message.temp_key
+        if not key:
+            return message
+        assert self.pager is not None
+        refs = self.page_refs[key]
+        refs[0] -= 1
+        self.live_bytes += refs[1]
+        self.paged_bytes -= refs[1]
+        headers, body = decode_page(self.pager.read(key)) if read else (NO_HEADERS, b"")
+        if not refs[0]:
+            del self.page_refs[key]
+            self.pager.drop(key)
+        return msgspec.structs.replace(message, headers=headers, body=body, temp_key=0)
+
+    def page_out(self, max_bytes: int) -> int:
+        """Page out bodies of messages waiting in backlogs, about `max_bytes` of memory;
+        returns the bytes freed. Topic by topic (the longest backlogs first): its longest
+        backlog picks the messages (the newest after its last paged entry, then those
+        before its first), and the topic's other backlogs page the same messages where
+        they end (or start) with them, so each body is written once. Entries between two
+        paged ones are not looked at, so a long paged backlog is not scanned again."""
+        if self.pager is None:
+            return 0
+        by_topic: dict[str, list[Consumer]] = {}
+        for consumer in self.consumers.values():
+            if consumer.pending:
+                by_topic.setdefault(consumer.destination, []).append(consumer)
+        freed = 0
+        for backlogs in sorted(
+            by_topic.values(), key=lambda cs: sum(len(c.pending) for c in cs), reverse=True
+        ):
+            backlogs.sort(key=lambda c: len(c.pending), reverse=True)
+            topic = backlogs[0].destination
+            lead, others = backlogs[0].pending, [c.pending for c in backlogs[1:]]
+            for newest_first in (True, False):
+                stubs: dict[int, tuple[Message, Message]] = {}  # id(original) -> it, stub
+                got, full = self._page_end(lead, topic, newest_first, stubs, max_bytes - freed)
+                freed += got
+                for backlog in others:
+                    freed += self._page_end(backlog, topic, newest_first, stubs, 0)[0]
+                if full or freed >= max_bytes:
+                    return freed
+        return freed
+
+    def _page_end(
+        self,
+        backlog: deque[Message],
+        topic: str,
+        newest_first: bool,
+        stubs: dict[int, tuple[Message, Message]],
+        budget: int,
+    ) -> tuple[int, bool]:
+        """Page the entries at one end of `backlog` up to its first paged one: with a
+        `budget`, new ones until that many bytes are freed (recorded in `stubs`); without,
+        only those already in `stubs`. Returns the bytes freed and whether the pager was
+        full."""
+        taken: list[Message] = []
+        freed = 0
+        full = False
+        while backlog:
+            message = backlog[-1] if newest_first else backlog[0]
+            if message.temp_key:
+                break
+            known = stubs.get(id(message))
+            if known is not None:
+                stub = known[1]
+            elif freed >= budget:
+                break
+            else:
+                fresh = self._stub(message, topic)
+                if fresh is None:
+                    full = True
+                    break
+                stub = fresh
+                stubs[id(message)] = (message, stub)  # the original kept: its id stays its own
+            if newest_first:
+                backlog.pop()
+            else:
+                backlog.popleft()
+            self._page_ref(stub.temp_key)
+            freed += message.size
+            taken.append(stub)
+        if newest_first:
+            backlog.extend(reversed(taken))
+        else:
+            backlog.extendleft(reversed(taken))
+        return freed, full
+
+    def _global_reason(self) -> str:
+        for level in (self.global_live, self.global_live_bytes):
+            if level.armed:
+                return level.reason
+        return ""
+
     def reconfigure_live(
-        self, mark: Watermark, mark_for: Callable[[str], Watermark], global_mark: Watermark
+        self,
+        mark: Watermark,
+        mark_for: Callable[[str], Watermark],
+        global_mark: Watermark,
+        global_byte_mark: Watermark,
     ) -> None:
         """New live-buffer watermarks (a configuration reload): topics are judged again."""
         self.live_mark = mark
         self.live_mark_for = mark_for
         self.global_live.mark = global_mark
+        self.global_live_bytes.mark = global_byte_mark
         for topic, level in list(self.live_levels.items()):
             level.mark = mark_for(topic)
             self._check_live(topic)
@@ -148,14 +335,17 @@ class TopicEngine(Engine):
     def live_stops(self) -> dict[str, str]:
         """Topics whose publishers are stopped now, and why ("" for every topic)."""
         stops = {topic: level.reason for topic, level in self.live_levels.items() if level.armed}
-        if self.global_live.armed:
-            stops[""] = self.global_live.reason
+        if reason := self._global_reason():
+            stops[""] = reason
         return stops
 
     def _removed(self, consumers: list[Consumer], *, requeue_auto: bool) -> None:
         # A non-durable subscription's backlog and window go with it.
         for consumer in consumers:
             self.live_total -= len(consumer.pending)
+            for entry in consumer.pending:
+                message = self._unstub(entry, read=False)  # (changes live_bytes first)
+                self.live_bytes -= message.size
             subscribers = self.topics[consumer.destination]
             subscribers.remove(consumer)
             if not subscribers:

@@ -29,8 +29,10 @@ from ._expiry import (
 )
 from ._gate import (
     STORE_LIVE,
+    STORE_MEMORY,
     STORE_PERSISTENT_QUEUES,
     STORE_QUOTAS,
+    STORE_TEMP,
     STORE_TOPICS,
     STORE_VOLATILE_QUEUES,
     FlowGate,
@@ -56,8 +58,10 @@ __all__ = [
     "NO_LIMIT",
     "OFF",
     "STORE_LIVE",
+    "STORE_MEMORY",
     "STORE_PERSISTENT_QUEUES",
     "STORE_QUOTAS",
+    "STORE_TEMP",
     "STORE_TOPICS",
     "STORE_VOLATILE_QUEUES",
     "ExpiryPolicy",

@@ -15,8 +15,10 @@ from mpbroker.routing import Topology, UnknownDestination, parse_destination
 
 __all__ = [
     "STORE_LIVE",
+    "STORE_MEMORY",
     "STORE_PERSISTENT_QUEUES",
     "STORE_QUOTAS",
+    "STORE_TEMP",
     "STORE_TOPICS",
     "STORE_VOLATILE_QUEUES",
     "FlowGate",
@@ -29,6 +31,8 @@ STORE_PERSISTENT_QUEUES: Final = "pers_queue_store"
 STORE_TOPICS: Final = "topic_store"
 STORE_LIVE: Final = "topics"  # the topic live buffer: slow subscribers
 STORE_QUOTAS: Final = "quotas"  # named quotas: senders wait in the owner
+STORE_TEMP: Final = "temp_store"  # paged non-persistent bodies: the temp store is full
+STORE_MEMORY: Final = "memory"  # MemWatch: a large message waits while memory is short
 
 # (pipeline, store, destination or "" for the whole store)
 _Key = tuple[int, str, str]
@@ -76,11 +80,12 @@ class FlowGate:
             return None  # the session refuses it, with the reason
         if kind == "queue":
             stores: tuple[str, ...] = (
-                STORE_PERSISTENT_QUEUES if persistent else STORE_VOLATILE_QUEUES,
-                STORE_QUOTAS,
+                (STORE_PERSISTENT_QUEUES, STORE_QUOTAS)
+                if persistent
+                else (STORE_VOLATILE_QUEUES, STORE_TEMP, STORE_QUOTAS)
             )
         else:
-            stores = (STORE_LIVE, STORE_TOPICS) if persistent else (STORE_LIVE,)
+            stores = (STORE_LIVE, STORE_TOPICS) if persistent else (STORE_LIVE, STORE_TEMP)
         for store in stores:
             for scope in (destination, ""):
                 reason = self.stops.get((pipeline, store, scope))

@@ -9,6 +9,8 @@
   :class:`TopicStoreReader` reads a subscription's backlog in :class:`BacklogBatch`es from
   another process (the replay worker) while the owner writes: highest JMS priority first,
   FIFO within a priority, after one cursor per priority.
+- :class:`TempStore`: bodies of non-persistent messages paged out of memory (flow-to-disk),
+  in allocation units, bounded by `temp_store.limit_bytes`; emptied at every start.
 - :class:`CommitBuffer`: the small processing buffer that decides when to group-commit
   (pure: the caller passes the time).
 - :class:`StoreError`, and the result types (settings: :class:`mpbroker.config.StoreSettings`)
@@ -19,7 +21,7 @@ Typical use in a pipeline worker::
     store = MessageStore.open(data_dir / "p2p-0", config.store)
     for sm in store.live():                 # rebuild the in-memory queues after a restart
         enqueue(sm.seq, sm.message, sm.deliveries)
-    buffer = CommitBuffer(max_delay_ms=5, max_messages=64, max_bytes=128 * 1024)
+    buffer = CommitBuffer.for_settings(config.store)   # [store] commit_max_delay_ms, ...
     if buffer.add(send, send.message.size, now_ms):      # or when due_in_ms() reaches 0
         batch = buffer.take()
         seqs = store.append([s.message for s in batch])  # StoreError -> refuse the batch
@@ -46,6 +48,7 @@ from ._store import (
     StoredMessage,
     StoreStatistics,
 )
+from ._temp import TempStatistics, TempStore
 from ._topic import REGISTRY_MIGRATIONS, BacklogBatch, TopicStore, TopicStoreReader
 
 __all__ = [
@@ -59,6 +62,8 @@ __all__ = [
     "StoreError",
     "StoreStatistics",
     "StoredMessage",
+    "TempStatistics",
+    "TempStore",
     "TopicStore",
     "TopicStoreReader",
 ]

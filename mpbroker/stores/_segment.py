@@ -27,6 +27,7 @@ __all__ = [
     "Segment",
     "applied_migrations",
     "apply_migrations",
+    "cache_size_pragma",
     "configure_database",
     "connect_database",
     "create_segment",
@@ -237,15 +238,23 @@ def connect_database(path: Path) -> sqlite_utils.Database:
     return db
 
 
-def configure_database(db: sqlite_utils.Database, path: Path, synchronous: str) -> None:
+def cache_size_pragma(cache_bytes: int) -> str:
+    """The PRAGMA that bounds a connection's page cache (negative: KiB, not pages)."""
+    return f"PRAGMA cache_size = -{max(1, cache_bytes // 1024)}"
+
+
+def configure_database(
+    db: sqlite_utils.Database, path: Path, synchronous: str, cache_bytes: int
+) -> None:
     _ensure_no_open_transaction(db, path, "enable_wal()")
+    db.execute(cache_size_pragma(cache_bytes))
     db.enable_wal()
     # FULL in WAL mode fsyncs the WAL at every commit: nothing acknowledged is lost on power
     # loss. NORMAL fsyncs only at checkpoints: commits survive a process crash, not power loss.
     db.execute(f"PRAGMA synchronous={synchronous.upper()}")
 
 
-def open_segment(path: Path, synchronous: str, now_ms: int) -> Segment:
+def open_segment(path: Path, synchronous: str, now_ms: int, cache_bytes: int) -> Segment:
     """Open an existing segment file: check it is ours, migrate it, read its meta.
 
     Raises StoreError naming the file when it is not an SQLite database, not an mpbroker
@@ -277,7 +286,7 @@ def open_segment(path: Path, synchronous: str, now_ms: int) -> Segment:
             raise StoreError(
                 path, "open", f"not an mpbroker store segment (format {fmt and fmt[0]!r})"
             )
-        configure_database(db, path, synchronous)
+        configure_database(db, path, synchronous, cache_bytes)
         # Schema upgrades of a sealed segment are the one change it may see; its data rows
         # are never written again.
         apply_migrations(db, path, now_ms)
@@ -291,7 +300,7 @@ def open_segment(path: Path, synchronous: str, now_ms: int) -> Segment:
 
 
 def create_segment(
-    directory: Path, index: int, base_seq: int, synchronous: str, now_ms: int
+    directory: Path, index: int, base_seq: int, synchronous: str, now_ms: int, cache_bytes: int
 ) -> Segment:
     """Create segment `index` completely under a temporary name, then rename it into place.
 
@@ -305,7 +314,7 @@ def create_segment(
     try:
         db = connect_database(tmp)
         try:
-            configure_database(db, tmp, synchronous)
+            configure_database(db, tmp, synchronous, cache_bytes)
             db.execute("CREATE TABLE _migrations (name TEXT PRIMARY KEY, applied_ms INTEGER)")
             apply_migrations(db, tmp, now_ms)
             meta: list[dict[str, object]] = [
@@ -325,4 +334,4 @@ def create_segment(
         fsync_directory(directory)
     except (sqlite3.Error, OSError) as exc:
         raise StoreError(path, "create segment", str(exc)) from exc
-    return open_segment(path, synchronous, now_ms)
+    return open_segment(path, synchronous, now_ms, cache_bytes)

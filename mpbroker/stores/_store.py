@@ -248,7 +248,12 @@ class MessageStore:
         try:
             for i in indexes:
                 segments.append(
-                    open_segment(directory / segment_name(i), settings.synchronous, now_ms)
+                    open_segment(
+                        directory / segment_name(i),
+                        settings.synchronous,
+                        now_ms,
+                        settings.sqlite_cache_bytes,
+                    )
                 )
             store = cls(directory, settings, segments, clock)
             store._rebuild()
@@ -297,6 +302,7 @@ class MessageStore:
             self._next_seq,
             self.settings.synchronous,
             int(self._clock() * 1000),
+            self.settings.sqlite_cache_bytes,
         )
         self._segments.append(seg)
         self._bases.append(seg.base_seq)

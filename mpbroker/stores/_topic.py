@@ -51,6 +51,7 @@ from ._segment import (
     Migration,
     applied_migrations,
     apply_migrations,
+    cache_size_pragma,
     configure_database,
     connect_database,
     segment_index,
@@ -127,7 +128,9 @@ _PRIORITIES_AFTER: Final = " UNION ALL ".join(
 _SETTLE_SLICE: Final = 10_000
 
 
-def _open_registry(path: Path, synchronous: str, now_ms: int) -> sqlite_utils.Database:
+def _open_registry(
+    path: Path, synchronous: str, now_ms: int, cache_bytes: int
+) -> sqlite_utils.Database:
     """Open (or create) the registry file and bring its schema up to date."""
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -143,7 +146,7 @@ def _open_registry(path: Path, synchronous: str, now_ms: int) -> sqlite_utils.Da
             raise StoreError(
                 path, "open", f"not an mpbroker durable registry (tables {sorted(tables)[:5]})"
             )
-        configure_database(db, path, synchronous)
+        configure_database(db, path, synchronous, cache_bytes)
         db.execute(
             "CREATE TABLE IF NOT EXISTS _migrations (name TEXT PRIMARY KEY, applied_ms INTEGER)"
         )
@@ -196,7 +199,9 @@ class TopicStore:
         self.registry_path = Path(registry_path)
         self._clock = clock
         self._closed = False
-        db = _open_registry(self.registry_path, settings.synchronous, self._now_ms())
+        db = _open_registry(
+            self.registry_path, settings.synchronous, self._now_ms(), settings.sqlite_cache_bytes
+        )
         self._conn: sqlite3.Connection = db.conn
         try:
             # Subscriptions only (a handful), never anything per message.
@@ -539,9 +544,10 @@ class TopicStoreReader:
     gone by the time it is read was settled meanwhile and is skipped.
     """
 
-    def __init__(self, directory: Path, registry_path: Path) -> None:
+    def __init__(self, directory: Path, registry_path: Path, cache_bytes: int) -> None:
         self.directory = Path(directory)
         self.registry_path = Path(registry_path)
+        self.cache_bytes = cache_bytes
         self._closed = False
         self._registry = self._connect(self.registry_path)
         self._known: dict[int, _SegmentFile] = {}  # segment index -> file present
@@ -552,14 +558,14 @@ class TopicStoreReader:
             self._registry.close()
             raise StoreError(self.directory, "open", "no such store directory")
 
-    @staticmethod
-    def _connect(path: Path) -> sqlite3.Connection:
+    def _connect(self, path: Path) -> sqlite3.Connection:
         try:
             conn = sqlite3.connect(_uri(path), uri=True, isolation_level=None)
         except sqlite3.Error as exc:
             raise StoreError(path, "open", f"cannot open: {sqlite_detail(exc)}") from exc
         try:
             conn.execute("PRAGMA query_only=1")
+            conn.execute(cache_size_pragma(self.cache_bytes))
         except sqlite3.Error as exc:
             conn.close()
             raise StoreError(path, "open", sqlite_detail(exc)) from exc

@@ -13,7 +13,14 @@ from mpbroker.config import Config
 from mpbroker.routing import Topology
 from mpbroker.shm import segment_name
 
-__all__ = ["Layout", "WorkerSpec", "durable_registry", "reloaded_config", "store_directory"]
+__all__ = [
+    "Layout",
+    "WorkerSpec",
+    "durable_registry",
+    "reloaded_config",
+    "store_directory",
+    "temp_directory",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,6 +124,11 @@ class WorkerSpec:
 def store_directory(config: Config, role: str, pipeline: int) -> Path:
     """A pipeline's message store: <data_dir>/p2p-<i> or <data_dir>/pubsub-<i>."""
     return Path(config.broker.data_dir) / f"{role}-{pipeline}"
+
+
+def temp_directory(config: Config, role: str, pipeline: int) -> Path:
+    """A pipeline's temp store (paged non-persistent bodies): <data_dir>/<role>-<i>-temp."""
+    return Path(config.broker.data_dir) / f"{role}-{pipeline}-temp"
 
 
 def durable_registry(config: Config, pipeline: int) -> Path:

@@ -123,10 +123,14 @@ def topics(engine: TopicEngine, trackers: list[tuple[str, FlowTracker]]) -> dict
     out: dict[str, Any] = {}
     _cut(rows, "destinations", out)
     out["stores"] = _global_rows(tracked)
-    out["live_buffer"] = {
+    # The live buffer (slow subscribers' backlogs) as one more global row.
+    out["stores"]["topics (live)"] = {
         "messages": engine.live_total,
-        "global_live_msg_high": engine.global_live.mark.high,
-        "global_live_msg_low": engine.global_live.mark.low,
+        "bytes": engine.live_bytes,
+        "global_msg_high": engine.global_live.mark.high,
+        "global_msg_low": engine.global_live.mark.low,
+        "global_byte_high": engine.global_live_bytes.mark.high,
+        "global_byte_low": engine.global_live_bytes.mark.low,
         "stopped": stops.get("", ""),
     }
     return out

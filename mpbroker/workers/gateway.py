@@ -20,7 +20,14 @@ import trio
 
 from mpbroker import records
 from mpbroker.clock import epoch_ms
-from mpbroker.flow import FlowGate, RateFlow, RateSettings, Stop, rate_settings_for
+from mpbroker.flow import (
+    STORE_MEMORY,
+    FlowGate,
+    RateFlow,
+    RateSettings,
+    Stop,
+    rate_settings_for,
+)
 from mpbroker.gateway_session import GatewaySession, SessionState, TransactionBudget
 from mpbroker.records import Hello, Record
 from mpbroker.shm import (
@@ -58,7 +65,6 @@ COUNTER_CONNECTIONS = 0
 COUNTER_FRAMES_IN = 1
 COUNTER_MESSAGES_OUT = 2
 
-_RECV_BYTES = 64 * 1024  # one socket read; frames within are handled as one batch
 _LISTEN_BACKLOG = 1024
 _CLOSE_TIMEOUT_S = 2.0
 
@@ -92,6 +98,9 @@ class _Connection:
         self.last_received = time.monotonic()
         # Rate-based flow: this producer's pace per destination while it is controlled.
         self.rates: dict[str, RateFlow] = {}
+        # MemWatch throttling: this producer's pace while memory is short, over all
+        # destinations.
+        self.memory_rate: RateFlow | None = None
 
     def notify(self) -> None:
         self.wake.set()
@@ -145,6 +154,8 @@ class Gateway:
         self.rate_for = rate_settings_for(self.config)
         self.config_watch = ConfigWatch(self.control, spec)
         self.level_gc = LevelGC(self.control, spec.config)
+        # MemWatch's level as last seen: held SENDs wake when it changes.
+        self.memory_level = 0
 
     # -- rings ---------------------------------------------------------------------------
 
@@ -178,6 +189,9 @@ class Gateway:
             # The heartbeat says the event loop turns, busy or idle (park times out).
             self.slot.beat()
             self.level_gc.tick()
+            if self.control.memwatch_level != self.memory_level:
+                self.memory_level = self.control.memwatch_level
+                self._flow_changed()  # large SENDs held for memory may go now
             reloaded = self.config_watch.poll()
             if reloaded is not None:
                 # SIGHUP: send timeouts and rate-based flow as reloaded; held SENDs and
@@ -240,17 +254,18 @@ class Gateway:
         self.flow_changed.set()
         self.flow_changed = trio.Event()
 
-    async def _wait_for_room(self, frame: Frame, stop: Stop) -> Stop | None:
+    async def _wait_for_room(
+        self, session: GatewaySession, frame: Frame, stop: Stop
+    ) -> Stop | None:
         """Hold a SEND while its destination is stopped, at most `send_timeout_ms`; the
         stop still in force then (None: it may go). The connection reads nothing more
         meanwhile (frames after it must not overtake it); other connections go on."""
         destination = frame.headers.get("destination", "")
-        persistent = frame.headers.get("persistent") == "true"
         current: Stop | None = stop
         with trio.move_on_after(self.config.send_timeout_ms(destination) / 1000):
             while current is not None:
                 await self.flow_changed.wait()
-                current = self.flow.stop_for(destination, persistent)
+                current = self._stop_for(session, frame)
         return current
 
     async def publish_stats(self) -> None:
@@ -346,6 +361,8 @@ class Gateway:
         session = conn.session
         parser = FrameParser(self.limits, commands=CLIENT_COMMANDS)
         stomp = self.config.stomp
+        # One socket read; frames within are handled as one batch.
+        reader_bytes = self.config.memory.socket_reader_threshold_bytes
         connect_deadline = trio.current_time() + stomp.connect_timeout_ms / 1000
         while not session.closing and not session.disconnecting:
             if session.state == SessionState.AWAIT_CONNECT:
@@ -356,7 +373,7 @@ class Gateway:
                 deadline = float("inf")
             with trio.CancelScope(deadline=deadline) as scope:
                 try:
-                    data = await conn.stream.receive_some(_RECV_BYTES)
+                    data = await conn.stream.receive_some(reader_bytes)
                 except (trio.BrokenResourceError, trio.ClosedResourceError):
                     data = b""
             if scope.cancelled_caught:
@@ -383,6 +400,7 @@ class Gateway:
                 frames = []
             now = epoch_ms()
             for frame in frames:
+                await self._memory_paced(conn, frame)
                 # Rate-based flow slows a producer down instead of stopping it.
                 paced = await self._paced(conn, frame)
                 stop = None if paced else self._stop_for(session, frame)
@@ -393,7 +411,7 @@ class Gateway:
                     destination = frame.headers.get("destination", "")
                     self.held_sends[conn] = (destination, stop, time.monotonic())
                     try:
-                        stop = await self._wait_for_room(frame, stop)
+                        stop = await self._wait_for_room(session, frame, stop)
                     finally:
                         del self.held_sends[conn]
                     if stop is not None:
@@ -451,10 +469,58 @@ class Gateway:
         return rate.delay(now) if rate is not None else 0.0
 
     def _stop_for(self, session: GatewaySession, frame: Frame) -> Stop | None:
-        if not self.flow.stops or not _flow_controlled(session, frame):
+        if not _flow_controlled(session, frame):
             return None
         destination = frame.headers.get("destination", "")
+        threshold = self.config.memory.socket_reader_threshold_bytes
+        if len(frame.body) > threshold and self._memory_short():
+            # A large message waits while memory is short (the seed's socket reader
+            # threshold: smaller ones are taken without a memory check).
+            level = self.config.memory.throttle_level
+            return Stop(
+                "",
+                STORE_MEMORY,
+                f"throttle_level {level} (MemWatch level {self.control.memwatch_level}; a "
+                f"{len(frame.body)}-byte message is above socket_reader_threshold_bytes "
+                f"{threshold})",
+            )
+        if not self.flow.stops:
+            return None
         return self.flow.stop_for(destination, frame.headers.get("persistent") == "true")
+
+    def _memory_short(self) -> bool:
+        level = self.config.memory.throttle_level
+        return bool(level) and self.control.memwatch_level >= level
+
+    async def _memory_paced(self, conn: _Connection, frame: Frame) -> None:
+        """MemWatch at `memory.throttle_level`: every producer is slowed down with the
+        [flow] rates (geometric decay), and recovers linearly once memory is back under."""
+        if not _flow_controlled(conn.session, frame):
+            return
+        now = trio.current_time()
+        rate = conn.memory_rate
+        if self._memory_short():
+            if rate is None:
+                flow = self.config.flow
+                rate = conn.memory_rate = RateFlow(
+                    RateSettings(
+                        flow.flow_maximum, flow.flow_minimum, flow.flow_interval_s, flow.flow_steps
+                    )
+                )
+            rate.arm(now)
+        elif rate is None:
+            return
+        else:
+            rate.disarm(now)
+            if rate.rate(now) is None:  # fully recovered
+                conn.memory_rate = None
+                return
+        delay = rate.delay(now)
+        if delay > 0:
+            if conn.session.routes:
+                await self.route(conn.session.routes)  # what came before goes first
+            await trio.sleep(delay)
+        rate.sent(trio.current_time())
 
     def _refuse_stopped(self, conn: _Connection, frame: Frame, stop: Stop) -> None:
         destination = frame.headers.get("destination", "")

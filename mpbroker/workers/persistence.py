@@ -47,6 +47,7 @@ class QueuePersistence:
         # Waiting messages beyond the index cache keep only their index entry in memory.
         engine.loader = self._load
         engine.cache_entries = config.store.index_cache_entries
+        engine.cache_bytes = config.store.index_cache_bytes
         commit = config.store
         self.cleanup_batch = commit.cleanup_batch
         self.cleanup_gap_ms = commit.cleanup_gap_ms

@@ -24,6 +24,7 @@ from mpbroker.flow import (
     STORE_LIVE,
     STORE_PERSISTENT_QUEUES,
     STORE_QUOTAS,
+    STORE_TEMP,
     STORE_TOPICS,
     STORE_VOLATILE_QUEUES,
     FlowTracker,
@@ -59,10 +60,18 @@ from mpbroker.stores import MessageStore, TopicStore
 
 from . import _stats
 from ._gc import LevelGC
-from ._layout import WorkerSpec, durable_registry, store_directory
+from ._layout import WorkerSpec, durable_registry, store_directory, temp_directory
 from ._outlet import Outlet
 from ._reload import ConfigWatch
 from .durable import Durables
+from .paging import (
+    VolatilePaging,
+    live_byte_mark,
+    paging_enabled,
+    queue_paging_mark,
+    topic_paging_mark,
+    volatile_limits,
+)
 from .persistence import QueuePersistence
 
 __all__ = ["run_pipeline"]
@@ -153,11 +162,11 @@ class Pipeline:
         self.quota_held: dict[int, tuple[int, Send, int]] = {}
         self.quota_tickets = itertools.count(1)
         self.quota_stops: dict[str, str] = {}
+        self.paging: VolatilePaging | None = None
         if spec.role == "p2p":
             engine = QueueEngine(config.queues, spec.index, self.outbox)
             engine.flow_volatile = FlowTracker(
-                store_limits(config.vol_queue_store),
-                destination_limits(config, STORE_VOLATILE_QUEUES),
+                volatile_limits(config), destination_limits(config, STORE_VOLATILE_QUEUES)
             )
             engine.flow_persistent = FlowTracker(
                 store_limits(config.pers_queue_store),
@@ -175,10 +184,19 @@ class Pipeline:
                 self.quotas = engine.quotas = QuotaBook(config)
             store = MessageStore.open(store_directory(config, "p2p", spec.index), config.store)
             self.persistence = QueuePersistence(store, engine, self.outbox, config)
+            if paging_enabled(config):
+                self.paging = VolatilePaging(
+                    engine, config, temp_directory(config, "p2p", spec.index), queue_paging_mark
+                )
             self.engine = self.queue_engine = engine
         else:
             topics = TopicEngine(config.topics, spec.index, self.outbox)
             topics.live_mark_for = _live_marks(config)
+            topics.global_live_bytes.mark = live_byte_mark(config)
+            if paging_enabled(config):
+                self.paging = VolatilePaging(
+                    topics, config, temp_directory(config, "pubsub", spec.index), topic_paging_mark
+                )
             queues = QueueEngine(config.queues, spec.index, self.outbox)
             topic_store = TopicStore(
                 store_directory(config, "pubsub", spec.index),
@@ -253,8 +271,18 @@ class Pipeline:
             self.persistence.write_back()
             if self.quotas is not None:
                 self._quota_step(self.quotas)
+        if self.paging is not None:
+            self._paging_step(self.paging)
         self.flush()
         return busy
+
+    def _paging_step(self, paging: VolatilePaging) -> None:
+        stopped = paging.step(self.control.memwatch_level)
+        if stopped is not None:
+            self._announce(FlowState(self.spec.index, STORE_TEMP, "", self._temp_stop(stopped)))
+
+    def _temp_stop(self, stopped: bool) -> str:
+        return f"limit_bytes {self.spec.config.temp_store.limit_bytes}" if stopped else ""
 
     def _replay_step(self, durables: Durables) -> bool:
         """Batches from the replay worker; requests for more; the store's write-back."""
@@ -395,6 +423,8 @@ class Pipeline:
             FlowState(index, STORE_QUOTAS, destination, reason)
             for destination, reason in self.quota_stops.items()
         ]
+        if self.paging is not None and self.paging.stopped:
+            states.append(FlowState(index, STORE_TEMP, "", self._temp_stop(True)))
         return states
 
     def _announce_flow_changes(self) -> None:
@@ -497,15 +527,21 @@ class Pipeline:
         spec = self.spec = dataclasses.replace(self.spec, config=config)
         self._configure_windows(config)  # for new subscriptions
         for store, tracker in self.flow_trackers:
-            tracker.reconfigure(
-                store_limits(getattr(config, store)), destination_limits(config, store)
+            limits = (
+                volatile_limits(config)
+                if store == STORE_VOLATILE_QUEUES
+                else store_limits(getattr(config, store))
             )
+            tracker.reconfigure(limits, destination_limits(config, store))
+        if self.paging is not None:
+            self.paging.configure(config)
         if self.topic_engine is not None:
             topics = config.topics
             self.topic_engine.reconfigure_live(
                 Watermark(topics.live_msg_high, topics.live_msg_low),
                 _live_marks(config),
                 Watermark(topics.global_live_msg_high, topics.global_live_msg_low),
+                live_byte_mark(config),
             )
         if self.durables is not None:
             self.durables.persistence.configure_expiry(config)
@@ -536,6 +572,8 @@ class Pipeline:
             snapshot.update(_stats.topics(self.topic_engine, self.flow_trackers))
             snapshot.update(_stats.consumers(self.topic_engine, self.queue_engine))
             snapshot["durable_subscriptions"] = self.durables.stats()
+        if self.paging is not None:
+            snapshot["temp_store"] = self.paging.statistics()
         _stats.publish(self.stats, snapshot)
 
     def _commit_due_in_s(self) -> float | None:
@@ -548,6 +586,8 @@ class Pipeline:
     def close(self) -> None:
         if self.persistence is not None:
             self.persistence.store.close()
+        if self.paging is not None:
+            self.paging.close()
         if self.durables is not None:
             self.durables.store.close()
         if self.replay_bell is not None:

@@ -91,7 +91,9 @@ class ReplayWorker:
         if store is None:
             config = self.spec.config
             store = TopicStoreReader(
-                store_directory(config, "pubsub", partition), durable_registry(config, partition)
+                store_directory(config, "pubsub", partition),
+                durable_registry(config, partition),
+                config.store.sqlite_cache_bytes,
             )
             self.stores[partition] = store
         return store

@@ -1,31 +1,31 @@
-"""Supervisor: creates the shared segments, spawns the workers, restarts the ones that die.
+"""Supervisor: creates the shared segments, starts the workers, restarts the ones that die.
 
 `mpbroker serve` runs this in the foreground. It owns every segment of its instance
 (named after its pid) and removes them on a clean stop; a start first sweeps the segments
-of instances that died without cleaning up (kill -9).
+of instances that died without cleaning up (kill -9). Workers are forked by a fork server
+(`_launcher`) that the supervisor starts first: supervisor -> fork server -> workers.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
-import multiprocessing
-import multiprocessing.connection
 import os
 import pickle
+import select
 import signal
 import socket
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from multiprocessing.process import BaseProcess
 from pathlib import Path
 from types import FrameType
 
 import psutil
 
+from mpbroker.budget import check, require_fits
 from mpbroker.config import Config, ConfigError, reload_flow_settings
-from mpbroker.memwatch import MemWatch, parse_levels
+from mpbroker.memwatch import MemWatch, parse_levels, private_pss_bytes
 from mpbroker.routing import Topology
 from mpbroker.shm import (
     SHM_DIR,
@@ -40,7 +40,7 @@ from mpbroker.shm import (
     sweep_stale,
 )
 
-from ._bootstrap import worker_entry
+from ._launcher import Launcher, LauncherError, WorkerProcess
 from ._layout import Layout, WorkerSpec, reloaded_config
 from .admin import AdminServer, WorkerRef, status_view
 
@@ -64,7 +64,7 @@ class _Worker:
     role: str
     index: int
     incarnation: int = 0
-    process: BaseProcess | None = None
+    process: WorkerProcess | None = None
     started_at: float = 0.0
     backoff_s: float = 0.0
     restart_at: float | None = None
@@ -83,7 +83,8 @@ class Supervisor:
             Topology(broker.p2p_workers, broker.pubsub_workers, config.queues.dead_letter_prefix),
             config.replay.workers,
         )
-        self.ctx = multiprocessing.get_context("spawn")
+        # Forks every worker; started first thing, so it imports while segments are made.
+        self.launcher = Launcher(broker.log_level)
         self.workers: list[_Worker] = []
         self.rings: list[Ring] = []
         self.bells: list[Doorbell] = []
@@ -176,7 +177,14 @@ class Supervisor:
     def _slot_index(self, worker: _Worker) -> int:
         return self.layout.slot(worker.role, worker.index)
 
+    def start_launcher(self) -> None:
+        try:
+            self.launcher.start()
+        except OSError as exc:
+            raise StartupError(f"cannot start the fork server: {exc}") from None
+
     def start_worker(self, worker: _Worker) -> None:
+        """Fork the worker (LauncherError if the fork server cannot)."""
         assert self.control is not None
         slot = self.control.slot(self._slot_index(worker))
         # The dead worker can no longer write its slot; start its successor from zero.
@@ -185,11 +193,7 @@ class Supervisor:
             slot.set_counter(i, 0)
         spec = self._spec(worker)
         worker.spec_title = spec.title
-        process = self.ctx.Process(
-            target=worker_entry, args=(spec,), name=f"mpbroker-{spec.title}", daemon=False
-        )
-        process.start()
-        worker.process = process
+        worker.process = self.launcher.launch(spec, name=f"mpbroker-{spec.title}")
         worker.started_at = time.monotonic()
         worker.restart_at = None
 
@@ -204,7 +208,10 @@ class Supervisor:
             self.workers.append(_Worker("replay", r))
         # Pipelines first: gateways and replay workers announce themselves to them on start.
         for worker in sorted(self.workers, key=lambda w: w.role in ("gateway", "replay")):
-            self.start_worker(worker)
+            try:
+                self.start_worker(worker)
+            except LauncherError as exc:
+                raise StartupError(f"cannot start {worker.spec_title}: {exc}") from None
 
     def wait_ready(self) -> None:
         assert self.control is not None
@@ -289,10 +296,15 @@ class Supervisor:
             now = time.monotonic()
             timeouts = [w.restart_at - now for w in self.workers if w.restart_at is not None]
             timeout = max(0.0, min([0.5, *timeouts]))
-            sentinels: list[object] = [self._wakeup_r]
+            sentinels = [self._wakeup_r.fileno()]
+            if self.launcher.sentinel is not None:
+                sentinels.append(self.launcher.sentinel.fileno())
             sentinels += [w.process.sentinel for w in self.workers if w.process is not None]
-            ready = multiprocessing.connection.wait(sentinels, timeout)  # type: ignore[arg-type]
-            if self._wakeup_r in ready:
+            poller = select.poll()
+            for fd in sentinels:
+                poller.register(fd, select.POLLIN)
+            ready = {fd for fd, _ in poller.poll(timeout * 1000)}
+            if self._wakeup_r.fileno() in ready:
                 with contextlib.suppress(BlockingIOError):
                     self._wakeup_r.recv(512)
             if self.stop_requested():
@@ -301,18 +313,21 @@ class Supervisor:
                 self._reload = False
                 self.reload()
             now = time.monotonic()
+            self.watch_launcher()
             self.watch_memory(now)
             self.kill_stalled()
             for worker in self.workers:
                 process = worker.process
                 if process is not None and not process.is_alive():
                     process.join()
+                    process.close()
                     code = process.exitcode
-                    how = (
-                        f"killed by signal {-code}"
-                        if code is not None and code < 0
-                        else f"exited with code {code}"
-                    )
+                    if code is None:
+                        how = "ended (exit code unknown: the fork server was gone)"
+                    elif code < 0:
+                        how = f"killed by signal {-code}"
+                    else:
+                        how = f"exited with code {code}"
                     lived = now - worker.started_at
                     if lived < _STABLE_AFTER_S:
                         worker.backoff_s = min(
@@ -336,7 +351,21 @@ class Supervisor:
                     and now >= worker.restart_at
                 ):
                     worker.incarnation += 1
-                    self.start_worker(worker)
+                    try:
+                        self.start_worker(worker)
+                    except LauncherError as exc:
+                        # The fork server died meanwhile: watch_launcher starts another.
+                        worker.backoff_s = min(
+                            max_backoff, max(_FIRST_BACKOFF_S, worker.backoff_s * 2)
+                        )
+                        worker.restart_at = now + worker.backoff_s
+                        log.error(
+                            "cannot restart %s: %s; trying again in %.1f s",
+                            worker.spec_title,
+                            exc,
+                            worker.backoff_s,
+                        )
+                        continue
                     log.info(
                         "%s restarted (pid %s, incarnation %d)",
                         worker.spec_title,
@@ -344,14 +373,30 @@ class Supervisor:
                         worker.incarnation,
                     )
 
+    def watch_launcher(self) -> None:
+        """A dead fork server: start another. Its workers die with it (each gets SIGTERM)
+        and are restarted through the new one as the watch loop finds them dead."""
+        if self.launcher.running():
+            return
+        pid = self.launcher.pid
+        code = self.launcher.reap()
+        log.error("the fork server (pid %s) exited with code %s; starting another", pid, code)
+        try:
+            self.launcher.start()
+        except OSError as exc:
+            log.error("cannot start the fork server: %s", exc)
+
     def memory_used(self) -> int:
-        """The broker's memory now: the unique memory (USS) of every one of its processes
-        plus its shared-memory segments (counted once)."""
+        """The broker's memory now: the proportional set size (PSS) of every one of its
+        processes -- pages shared between them, like the modules the fork server imported
+        for all workers, count once -- without their shared-memory mappings, plus its
+        shared-memory segments, counted once and whole. Its processes are this one and all
+        its descendants: the fork server and the workers it forked, each listed once."""
         me = psutil.Process()
         total = 0
         for process in [me, *me.children(recursive=True)]:
-            with contextlib.suppress(psutil.Error):
-                total += process.memory_full_info().uss
+            with contextlib.suppress(psutil.Error, OSError):
+                total += _process_memory(process)
         prefix = f"mpb.{self.instance}."
         with contextlib.suppress(OSError):
             for entry in os.scandir(SHM_DIR):
@@ -384,6 +429,11 @@ class Supervisor:
             effective, ignored = reload_flow_settings(self.config, self.reload_source())
         except ConfigError as exc:
             log.error("SIGHUP: configuration not reloaded: %s", exc)
+            return
+        # The reloaded limits (the VolQueueStore's, the live buffer's) are memory budgets.
+        problem = check(effective)
+        if problem is not None:
+            log.error("SIGHUP: configuration not reloaded: %s", problem)
             return
         if ignored:
             log.warning(
@@ -437,8 +487,8 @@ class Supervisor:
                 if w.process is not None and (w.role == "gateway") == (group == "gateway")
             ]
             for p in procs:
-                if p.is_alive() and p.pid is not None:
-                    os.kill(p.pid, signal.SIGTERM)
+                if p.is_alive():
+                    p.terminate()
             deadline = time.monotonic() + timeout
             for p in procs:
                 p.join(max(0.0, deadline - time.monotonic()))
@@ -446,6 +496,9 @@ class Supervisor:
                     log.warning("%s did not stop in %.1f s: killing it", p.name, timeout)
                     p.kill()
                     p.join()
+                p.close()
+        # Every worker is gone: the fork server ends when its socket closes.
+        self.launcher.close()
 
     def cleanup(self) -> None:
         if self.admin is not None:
@@ -469,12 +522,28 @@ class Supervisor:
         self._wakeup_w.close()
 
 
+def _process_memory(process: psutil.Process) -> int:
+    """PSS without shared-memory mappings (smaps_rollup, Linux 4.14+), else USS."""
+    try:
+        with open(f"/proc/{process.pid}/smaps_rollup", encoding="ascii") as f:
+            pss = private_pss_bytes(f.read())
+    except OSError:
+        pss = None
+    return pss if pss is not None else int(process.memory_full_info().uss)
+
+
 def serve(config: Config, reload_source: Callable[[], Config] | None = None) -> int:
-    """Run the broker in the foreground until SIGTERM/SIGINT; returns the exit code."""
+    """Run the broker in the foreground until SIGTERM/SIGINT; returns the exit code.
+
+    A config whose theoretical maximum exceeds memory.max_memory is refused before anything
+    starts: ConfigError naming the modules, their totals and the excess.
+    """
+    require_fits(config)
     Path(config.broker.data_dir).mkdir(parents=True, exist_ok=True)
     supervisor = Supervisor(config, reload_source)
     supervisor.install_signals()
     try:
+        supervisor.start_launcher()
         supervisor.create_segments()
         supervisor.reserve_port()
         supervisor.start_all()

@@ -2,38 +2,19 @@
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
-import time
-import urllib.request
 from collections.abc import Callable
 from typing import Any
 
 import pytest
 
 from tests.broker import BrokerProcess, RawClient
+from tests.e2e._admin import eventually, get
 
 RawFactory = Callable[[BrokerProcess], RawClient]
 
 pytestmark = pytest.mark.slow
-
-
-def get(broker: BrokerProcess, path: str) -> dict[str, Any]:
-    with urllib.request.urlopen(f"http://127.0.0.1:{broker.admin_port}{path}", timeout=10) as r:
-        data: dict[str, Any] = json.load(r)
-        return data
-
-
-def eventually(check: Callable[[], Any], timeout: float = 10) -> Any:
-    """The first truthy result of `check` (the stats are up to 500 ms old)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        result = check()
-        if result:
-            return result
-        assert time.monotonic() < deadline, "the admin API never showed it"
-        time.sleep(0.1)
 
 
 def test_status_lists_every_worker_ready(broker: BrokerProcess) -> None:

@@ -51,6 +51,27 @@ def test_process_titles_name_roles(start_broker: type[BrokerProcess]) -> None:
     assert " ".join(psutil.Process(broker.pid).cmdline()).strip() == "mpbroker: supervisor"
 
 
+def test_process_tree_is_supervisor_forkserver_workers(start_broker: type[BrokerProcess]) -> None:
+    """One fork server, the supervisor's only child, forks every worker; nothing else runs
+    (in particular no multiprocessing resource tracker)."""
+    broker = start_broker("--gateways", "2")
+    forkserver = broker.forkserver()
+    workers = broker.workers()
+    assert all(w.ppid() == forkserver.pid for w in workers.values())
+    titles = sorted(" ".join(p.cmdline()).strip() for p in broker.processes())
+    assert titles == [
+        "mpbroker: forkserver",
+        "mpbroker: gateway 0",
+        "mpbroker: gateway 1",
+        "mpbroker: p2p 0",
+        "mpbroker: pubsub 0",
+        "mpbroker: replay 0",
+        "mpbroker: supervisor",
+    ]
+    assert not any("resource_tracker" in t for t in titles)
+    assert forkserver.num_threads() == 1  # forks only ever from a single-threaded process
+
+
 @pytest.mark.parametrize(
     ("title", "destination"), [("p2p 0", "/queue/crash"), ("pubsub 0", "/topic/crash")]
 )
@@ -206,17 +227,66 @@ def test_kill_9_of_the_whole_broker_next_start_sweeps(start_broker: type[BrokerP
     assert fresh.stop() == 0
 
 
+def _running(process: psutil.Process) -> bool:
+    try:
+        return process.is_running() and process.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def _gone(processes: list[psutil.Process], timeout: float) -> list[psutil.Process]:
+    """The processes still running (a zombie has ended) after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    alive = [p for p in processes if _running(p)]
+    while alive and time.monotonic() < deadline:
+        time.sleep(0.05)
+        alive = [p for p in alive if _running(p)]
+    return alive
+
+
 def test_workers_die_with_a_killed_supervisor(start_broker: type[BrokerProcess]) -> None:
     broker = start_broker("--gateways", "1")
-    workers = list(broker.workers().values())
+    # A worker killed with SIGKILL is restarted (through the fork server)...
+    victim = broker.workers()["gateway 0"]
+    victim.kill()
+    broker.wait_for_log(rf"gateway 0 \(pid {victim.pid}\) killed by signal 9")
+    broker.wait_for_worker("gateway 0", not_pid=victim.pid)
+    # ...and a supervisor killed with SIGKILL takes every other broker process down: the
+    # fork server (PR_SET_PDEATHSIG) and then the workers (their parent is the fork server).
+    others = broker.processes()[1:]
+    assert len(others) == 5, others  # fork server, gateway, p2p, pubsub, replay
+    assert broker.forkserver() in others
     os.kill(broker.pid, signal.SIGKILL)
     broker.proc.wait(10)
-    _gone, alive = psutil.wait_procs(workers, timeout=10)
-    assert alive == []
+    assert _gone(others, timeout=5) == []
     # What they left is swept by the next start (covered above); clean it here.
     from mpbroker.shm import remove_instance
 
     remove_instance(str(broker.pid))
+
+
+def test_a_killed_forkserver_is_replaced_and_its_workers_restarted(
+    start_broker: type[BrokerProcess], raw: RawFactory
+) -> None:
+    broker = start_broker("--gateways", "1")
+    forkserver = broker.forkserver()
+    old = broker.workers()
+    forkserver.kill()
+    broker.wait_for_log(rf"the fork server \(pid {forkserver.pid}\) exited with code -9")
+    # Its workers die with it (SIGTERM) and come back, forked by a new fork server.
+    assert _gone(list(old.values()), timeout=15) == []
+    for title, proc in old.items():
+        broker.wait_for_worker(title, not_pid=proc.pid)
+    new_forkserver = broker.forkserver()
+    assert new_forkserver.pid != forkserver.pid
+    assert all(w.ppid() == new_forkserver.pid for w in broker.workers().values())
+    client = raw(broker)
+    client.connect()
+    subscribe(client, "/queue/again", "s")
+    client.send("SEND", {"destination": "/queue/again"}, b"served")
+    assert client.recv(timeout=15).body == b"served"
+    assert broker.stop() == 0
+    assert broker.shm_entries() == []
 
 
 def test_a_second_broker_on_the_same_port_is_refused(

@@ -365,6 +365,16 @@ def test_sighup_reloads_flow_settings_without_dropping_connections(
         os.kill(broker.pid, signal.SIGHUP)
         broker.wait_for_log(r"SIGHUP: configuration not reloaded: .*vol_queue_store.msg_low")
         producer.stays_at(3)
+        # So is one whose budgets no longer fit in max_memory.
+        path.write_text(
+            "[vol_queue_store]\nmsg_high = 10\nmsg_low = 5\n"
+            '[topics]\nglobal_live_byte_high = "250MiB"\nglobal_live_byte_low = "200MiB"\n'
+        )
+        os.kill(broker.pid, signal.SIGHUP)
+        broker.wait_for_log(
+            r"SIGHUP: configuration not reloaded: the theoretical maximum .* exceeds"
+        )
+        producer.stays_at(3)
         path.write_text(
             "[vol_queue_store]\nmsg_high = 10\nmsg_low = 5\n[stomp]\nmax_headers = 500\n"
         )

@@ -11,7 +11,11 @@ from tests.broker import BrokerProcess, RawClient
 
 RawFactory = Callable[[BrokerProcess], RawClient]
 
-CONFIG = "[broker]\np2p_workers = 3\npubsub_workers = 2\n[queues]\nmax_redeliveries = 0\n"
+# Ten processes and their budgets exceed the default max_memory (256 MiB): raise it.
+CONFIG = (
+    "[broker]\np2p_workers = 3\npubsub_workers = 2\n[queues]\nmax_redeliveries = 0\n"
+    '[memory]\nmax_memory = "512MiB"\n'
+)
 QUEUES = [f"/queue/part{n}" for n in range(12)]
 TOPICS = [f"/topic/part{n}" for n in range(12)]
 DURABLE_TOPICS = ["/topic/part0", "/topic/part1", "/topic/part4", "/topic/part5"]

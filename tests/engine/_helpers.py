@@ -63,3 +63,30 @@ def of_type(out: dict[int, list[Record]], kind: type[T]) -> list[tuple[int, T]]:
         for record in batch
         if isinstance(record, kind)
     ]
+
+
+class FakePager:
+    """A temp store in a dict, with room for `room` pages."""
+
+    def __init__(self, room: int = 100) -> None:
+        self.bodies: dict[int, bytes] = {}
+        self.room = room
+        self.next_key = 1
+        self.writes = 0
+
+    def put(self, page: bytes) -> int | None:
+        if len(self.bodies) >= self.room:
+            return None
+        key, self.next_key = self.next_key, self.next_key + 1
+        self.bodies[key] = page
+        self.writes += 1
+        return key
+
+    def read(self, key: int) -> bytes:
+        return self.bodies[key]
+
+    def take(self, key: int) -> bytes:
+        return self.bodies.pop(key)
+
+    def drop(self, key: int) -> None:
+        del self.bodies[key]

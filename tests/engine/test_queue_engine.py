@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections import deque
 from typing import Any
 
+import msgspec
 import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
@@ -32,9 +33,17 @@ from mpbroker.records import (
     Send,
     Subscribe,
     Unsubscribe,
+    decode_page,
     message_size,
 )
-from tests.engine._helpers import delivered_messages, deliveries, make_message, of_type, send
+from tests.engine._helpers import (
+    FakePager,
+    delivered_messages,
+    deliveries,
+    make_message,
+    of_type,
+    send,
+)
 
 Q = "/queue/q"
 PIPELINE = 3
@@ -560,6 +569,7 @@ class QueueEngineMachine(RuleBasedStateMachine):
             PIPELINE,
             Outbox(),
         )
+        self.max_bytes = MAX_BYTES
         self.next_id = 0
         self.messages: dict[str, Message] = {}
         self.pending: dict[str, deque[str]] = {d: deque() for d in DESTINATIONS}
@@ -726,11 +736,12 @@ class QueueEngineMachine(RuleBasedStateMachine):
         live_bytes = sum(message_size(self.messages[m]) for m in self.live())
         if self.queue_count(destination) >= MAX_MESSAGES:
             refusal = f"max_messages {MAX_MESSAGES}"
-        elif live_bytes + size > MAX_BYTES:
-            refusal = f"max_bytes {MAX_BYTES}"
+        elif live_bytes + size > self.max_bytes:
+            refusal = f"max_bytes {self.max_bytes}"
         else:
             refusal = ""
-            self.messages[mid] = message
+            # A copy: the engine pages bodies out of the messages it holds in place.
+            self.messages[mid] = msgspec.structs.replace(message)
             self.pending[destination].append(mid)
         out = self.handle_strict(gateway, Send(conn, message, "r"))
         refusals = of_type(out, Refuse)
@@ -890,6 +901,53 @@ QueueEngineMachine.TestCase.settings = settings(
 test_queue_engine_keeps_its_invariants = QueueEngineMachine.TestCase
 
 
+class PagingQueueEngineMachine(QueueEngineMachine):
+    """The same traffic with flow-to-disk: bodies paged out at random moments (at enqueue
+    while paging is on, and by page_out) must come back intact and in order, and the
+    memory accounting must count only bodies in memory. (Paged bytes leave memory, so the
+    max_bytes refusal is taken out of the model here.)"""
+
+    @initialize()
+    def start(self) -> None:
+        super().start()
+        self.max_bytes = 10**9
+        self.engine = QueueEngine(
+            QueueSettings(
+                prefetch=3, max_messages=MAX_MESSAGES, max_bytes=self.max_bytes, max_redeliveries=-1
+            ),
+            PIPELINE,
+            Outbox(),
+        )
+        self.pager = FakePager(room=6)
+        self.engine.pager = self.pager
+
+    @rule(on=st.booleans())
+    def switch_paging(self, on: bool) -> None:
+        self.engine.paging = on
+
+    @rule(max_bytes=st.integers(1, 200))
+    def page_out(self, max_bytes: int) -> None:
+        before = self.engine.held_bytes
+        paged = self.engine.page_out(max_bytes)
+        assert self.engine.held_bytes == before - paged
+        self.assert_model_matches_engine()
+
+    @invariant()
+    def paged_bodies_are_in_the_pager(self) -> None:
+        keys = {m.temp_key: m for q in self.engine.queues.values() for m in q.pending if m.temp_key}
+        assert keys.keys() == self.pager.bodies.keys()
+        for key, message in keys.items():
+            assert (message.body, message.headers) == (b"", {})
+            original = self.messages[message.message_id]
+            assert decode_page(self.pager.bodies[key]) == (original.headers, original.body)
+        assert self.engine.paged_messages == len(keys)
+        assert self.engine.paged_bytes == sum(m.size for m in keys.values())
+
+
+PagingQueueEngineMachine.TestCase.settings = QueueEngineMachine.TestCase.settings
+test_paging_keeps_the_queue_engine_invariants = PagingQueueEngineMachine.TestCase
+
+
 def test_gateway_hello_never_drops_a_client_mode_message() -> None:
     # Both consumers go away together: the client-mode message must not be handed to the
     # auto consumer (and then dropped with it) on the way out.
@@ -1003,3 +1061,80 @@ def test_a_byte_window_makes_a_consumer_not_ready_before_its_message_window() ->
     engine.handle(9, Ack(1, 1, "m0"))  # client mode: room for one more
     assert list(consumer.unacked) == ["m1", "m2"]
     assert consumer.unacked_bytes == 2 * consumer.unacked["m1"].size
+
+
+# -- flow-to-disk ----------------------------------------------------------------------------
+
+
+def test_while_paging_a_message_left_waiting_has_its_body_paged_out_and_back_at_delivery() -> None:
+    engine = make_engine()
+    pager = engine.pager = FakePager(room=100)
+    engine.paging = True
+    send_all(engine, ["m1", "m2"])
+    waiting = list(engine.queues[Q].pending)
+    assert [(m.body, m.headers) for m in waiting] == [(b"", {}), (b"", {})]
+    assert all(m.temp_key for m in waiting)
+    assert (engine.paged_messages, engine.paged_bytes) == (2, 8)
+    assert engine.held_bytes == sum(message_size(m) for m in waiting)  # headers only
+    engine.handle(0, subscribe(1, 1, prefetch=10))
+    got = delivered_messages(engine.outbox.take())
+    assert [(m.message_id, m.body, m.temp_key) for m in got] == [
+        ("m1", b"body", 0),
+        ("m2", b"body", 0),
+    ]
+    assert pager.bodies == {} and (engine.paged_messages, engine.paged_bytes) == (0, 0)
+
+
+def test_a_message_taken_at_once_by_a_ready_consumer_is_never_paged() -> None:
+    engine = make_engine()
+    pager = engine.pager = FakePager(room=100)
+    engine.paging = True
+    engine.handle(0, subscribe(1, 1, prefetch=10))
+    send_all(engine, ["m1"])
+    assert pager.next_key == 1  # nothing was written
+
+
+def test_page_out_takes_the_newest_bodies_first_and_stops_when_the_pager_is_full() -> None:
+    engine = make_engine()
+    engine.pager = FakePager(room=2)
+    send_all(engine, ["m1", "m2", "m3", "m4"])
+    assert engine.page_out(100) == 8  # two bodies of 4 bytes: then no room
+    assert [bool(m.temp_key) for m in engine.queues[Q].pending] == [False, False, True, True]
+
+
+def test_page_out_does_not_rescan_a_paged_backlog() -> None:
+    engine = make_engine()
+    engine.pager = FakePager(room=100)
+    send_all(engine, ["m1", "m2", "m3"])
+    engine.page_out(4)  # m3
+    send_all(engine, ["m4", "m5"])
+    engine.page_out(8)  # m5, m4: newer than the paged m3
+    assert [bool(m.temp_key) for m in engine.queues[Q].pending] == [False, False, True, True, True]
+    engine.page_out(4)  # then the older ones, newest first
+    assert [bool(m.temp_key) for m in engine.queues[Q].pending] == [False, True, True, True, True]
+
+
+def test_an_expired_paged_message_is_dropped_from_the_pager_without_reading_it() -> None:
+    engine = make_engine()
+    pager = engine.pager = FakePager(room=100)
+    engine.paging = True
+    message = make_message("m1")
+    message.expires_ms = 5
+    engine.handle(9, Send(1, message))
+    assert len(pager.bodies) == 1
+    assert engine.expire_scan(10) == 1
+    assert pager.bodies == {} and engine.paged_bytes == 0 and engine.held_bytes == 0
+
+
+def test_the_index_cache_also_stops_at_its_byte_budget() -> None:
+    engine = make_engine()
+    stored: dict[int, Message] = {}
+    engine.loader = stored.__getitem__
+    engine.cache_entries, engine.cache_bytes = 100, 10
+    for n in range(1, 5):
+        message = make_message(f"m{n}", body=b"four")
+        message.persistent, message.seq = True, n
+        stored[n] = message
+        engine.handle(9, Send(1, message))
+    assert [m.paged for m in engine.queues[Q].pending] == [False, False, True, True]
+    assert (engine.cached, engine.cached_bytes) == (2, 8)

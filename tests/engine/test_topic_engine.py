@@ -5,8 +5,9 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
 from mpbroker.config import TopicSettings
 from mpbroker.engine import Outbox, TopicEngine
@@ -28,8 +29,17 @@ from mpbroker.records import (
     Refuse,
     Subscribe,
     Unsubscribe,
+    decode_page,
+    message_size,
 )
-from tests.engine._helpers import delivered_messages, deliveries, make_message, of_type, send
+from tests.engine._helpers import (
+    FakePager,
+    delivered_messages,
+    deliveries,
+    make_message,
+    of_type,
+    send,
+)
 
 T = "/topic/t"
 PIPELINE = 5
@@ -405,6 +415,22 @@ def test_a_slow_subscriber_arms_its_topics_live_watermark_until_it_catches_up() 
     assert engine.live_stops() == {}
 
 
+def test_backlog_bytes_over_all_topics_arm_the_global_live_byte_watermark() -> None:
+    from mpbroker.flow import FlowChange
+
+    engine = make_engine(global_live_byte_high=30, global_live_byte_low=10)
+    engine.handle(9, subscribe(1, 1, ack_mode=ACK_CLIENT, prefetch=1, destination="/topic/a"))
+    engine.handle(9, send(2, "a0", "/topic/a", body=bytes(20)))  # in the window
+    engine.handle(9, send(2, "a1", "/topic/a", body=bytes(20)))  # waiting: 20 bytes
+    assert engine.flow_changes == [] and engine.live_bytes == 20
+    engine.handle(9, send(2, "a2", "/topic/a", body=bytes(20)))  # 40 bytes waiting
+    assert engine.flow_changes == [FlowChange("", "global_live_byte_high 30")]
+    assert engine.live_stops() == {"": "global_live_byte_high 30"}
+    engine.flow_changes.clear()
+    engine.handle(9, Unsubscribe(1, 1))
+    assert engine.flow_changes == [FlowChange("", "")] and engine.live_bytes == 0
+
+
 def test_backlogs_over_all_topics_arm_the_global_live_watermark() -> None:
     from mpbroker.flow import FlowChange
 
@@ -423,3 +449,132 @@ def test_backlogs_over_all_topics_arm_the_global_live_watermark() -> None:
     engine.flow_changes.clear()
     engine.handle(9, Unsubscribe(1, 1))  # its two waiting messages go with it: 1 left
     assert engine.flow_changes == [FlowChange("", "")]
+
+
+# -- flow-to-disk ----------------------------------------------------------------------------
+
+
+def slow_subscribers(engine: TopicEngine, count: int, topic: str = "/topic/a") -> None:
+    for sub in range(1, count + 1):
+        engine.handle(9, subscribe(1, sub, ack_mode=ACK_CLIENT, prefetch=1, destination=topic))
+
+
+def test_while_paging_a_message_left_in_backlogs_is_written_once_and_read_back_by_each() -> None:
+    engine = make_engine()
+    pager = engine.pager = FakePager()
+    slow_subscribers(engine, 2)
+    engine.handle(9, send(2, "a0", "/topic/a", body=b"first"))  # into both windows
+    engine.paging = True
+    engine.handle(9, send(2, "a1", "/topic/a", body=b"second"))  # waits in both backlogs
+    assert pager.writes == 1 and engine.paged_messages == 1
+    assert engine.paged_bytes == 2 * len(b"second")  # per waiting entry, as live_bytes
+    assert engine.live_bytes == 2 * (message_size(make_message("a1", "/topic/a", b"second")) - 6)
+    engine.outbox.take()
+    engine.handle(9, Ack(1, 1, "a0"))
+    engine.handle(9, Ack(1, 2, "a0"))
+    got = delivered_messages(engine.outbox.take())
+    assert [(m.message_id, m.body, m.temp_key) for m in got] == [("a1", b"second", 0)] * 2
+    assert pager.bodies == {} and engine.paged_messages == 0
+    assert engine.live_bytes == 0 and engine.paged_bytes == 0
+
+
+def test_page_out_moves_waiting_bodies_and_a_departing_subscriber_gives_its_share_back() -> None:
+    engine = make_engine()
+    pager = engine.pager = FakePager()
+    slow_subscribers(engine, 2)
+    for n in range(4):  # one in each window, three waiting in each backlog
+        engine.handle(9, send(2, f"a{n}", "/topic/a", body=b"%d" % n * 10))
+    before = engine.live_bytes
+    # Sub 1's backlog picks a3 and a2 (newest first); sub 2 pages the same two.
+    assert engine.page_out(15) == 40
+    assert pager.writes == 2 and engine.live_bytes == before - 40
+    assert engine.page_out(1000) == 20 and pager.writes == 3  # a1, the last in memory
+    engine.handle(9, Unsubscribe(1, 2))
+    assert len(pager.bodies) == 3  # subscriber 1 still waits for all three
+    engine.outbox.take()
+    for n in range(4):
+        engine.handle(9, Ack(1, 1, f"a{n}"))
+    got = delivered_messages(engine.outbox.take())
+    assert [m.body for m in got] == [b"%d" % n * 10 for n in range(1, 4)]
+    assert pager.bodies == {} and engine.live_bytes == 0 and engine.paged_bytes == 0
+
+
+def test_page_out_stops_when_the_pager_is_full() -> None:
+    engine = make_engine()
+    engine.pager = FakePager(room=1)
+    slow_subscribers(engine, 1)
+    for n in range(3):
+        engine.handle(9, send(2, f"a{n}", "/topic/a", body=b"xxxx"))
+    assert engine.page_out(1000) == 4
+    assert [bool(m.temp_key) for m in engine.consumers[(9, 1, 1)].pending] == [False, True]
+
+
+class TopicPagingMachine(RuleBasedStateMachine):
+    """Random publishes, acks, departures and paging: every delivered body is the one
+    published, and the memory accounting counts exactly the bodies in memory."""
+
+    @initialize()
+    def start(self) -> None:
+        self.engine = make_engine(max_pending_messages=1000)
+        self.pager = FakePager(room=8)
+        self.engine.pager = self.pager
+        self.bodies: dict[str, bytes] = {}
+        self.subs: set[int] = set()
+        self.next_id = 0
+
+    @rule(sub=st.integers(1, 3))
+    def subscribe(self, sub: int) -> None:
+        if sub not in self.subs:
+            self.subs.add(sub)
+            self.engine.handle(9, subscribe(1, sub, ack_mode=ACK_CLIENT, prefetch=1))
+
+    @rule(sub=st.integers(1, 3))
+    def unsubscribe(self, sub: int) -> None:
+        if sub in self.subs:
+            self.subs.discard(sub)
+            self.engine.handle(9, Unsubscribe(1, sub))
+
+    @rule(size=st.integers(0, 30))
+    def publish(self, size: int) -> None:
+        self.next_id += 1
+        mid = f"m{self.next_id}"
+        self.bodies[mid] = bytes([self.next_id % 256]) * size
+        self.engine.handle(9, send(2, mid, T, body=self.bodies[mid]))
+
+    @rule(sub=st.integers(1, 3))
+    def ack_all(self, sub: int) -> None:
+        consumer = self.engine.consumers.get((9, 1, sub))
+        if consumer is not None and consumer.unacked:
+            self.engine.handle(9, Ack(1, sub, list(consumer.unacked)[-1]))
+
+    @rule(on=st.booleans())
+    def switch_paging(self, on: bool) -> None:
+        self.engine.paging = on
+
+    @rule(max_bytes=st.integers(1, 100))
+    def page_out(self, max_bytes: int) -> None:
+        self.engine.page_out(max_bytes)
+
+    @invariant()
+    def delivered_bodies_are_the_published_ones(self) -> None:
+        for message in delivered_messages(self.engine.outbox.take()):
+            assert message.body == self.bodies[message.message_id]
+            assert message.temp_key == 0
+
+    @invariant()
+    def accounting_counts_the_bodies_in_memory(self) -> None:
+        engine = self.engine
+        entries = [m for c in engine.consumers.values() for m in c.pending]
+        assert engine.live_total == len(entries)
+        assert engine.live_bytes == sum(message_size(m) for m in entries)
+        keys = {m.temp_key for m in entries if m.temp_key}
+        assert keys == engine.page_refs.keys() == self.pager.bodies.keys()
+        for m in entries:
+            if m.temp_key:
+                assert decode_page(self.pager.bodies[m.temp_key])[1] == self.bodies[m.message_id]
+
+
+TopicPagingMachine.TestCase.settings = settings(
+    max_examples=100, stateful_step_count=40, deadline=None, suppress_health_check=list(HealthCheck)
+)
+test_topic_paging_keeps_its_invariants = TopicPagingMachine.TestCase

@@ -5,6 +5,7 @@ from __future__ import annotations
 from mpbroker.flow import (
     STORE_LIVE,
     STORE_PERSISTENT_QUEUES,
+    STORE_TEMP,
     STORE_TOPICS,
     STORE_VOLATILE_QUEUES,
     FlowGate,
@@ -40,6 +41,15 @@ def test_a_global_stop_holds_every_destination_of_the_store() -> None:
         assert stop is not None and stop.destination == "" and stop.reason.startswith("global")
         assert gate.stop_for(name, persistent=False) is None
     assert gate.stop_for("/topic/x", persistent=True) is None
+
+
+def test_a_full_temp_store_holds_only_non_persistent_queue_sends() -> None:
+    gate = FlowGate(TOPOLOGY)
+    gate.apply(FlowState(0, STORE_TEMP, "", "limit_bytes 1024"))
+    stop = gate.stop_for("/queue/x", persistent=False)
+    assert stop is not None and (stop.store, stop.reason) == (STORE_TEMP, "limit_bytes 1024")
+    assert gate.stop_for("/queue/x", persistent=True) is None
+    assert gate.stop_for("/topic/x", persistent=False) is None
 
 
 def test_topic_sends_wait_for_the_live_buffer_and_persistent_ones_for_the_topic_store() -> None:

@@ -122,7 +122,7 @@ def _segment_before_0002(directory: Path, index: int, *, sealed: bool) -> Path:
     path = directory / segment_name(index)
     db = connect_database(path)
     try:
-        configure_database(db, path, "normal")
+        configure_database(db, path, "normal", 256 * 1024)
         db.execute("CREATE TABLE _migrations (name TEXT PRIMARY KEY, applied_ms INTEGER)")
         apply_migrations(db, path, 1, MIGRATIONS[:1])
         base = index * 10 + 1

@@ -65,7 +65,7 @@ def open_topic(root: Path, s: StoreSettings = TINY) -> TopicStore:
 
 
 def open_reader(root: Path) -> TopicStoreReader:
-    return TopicStoreReader(*paths(root))
+    return TopicStoreReader(*paths(root), StoreSettings().sqlite_cache_bytes)
 
 
 @pytest.fixture
@@ -705,7 +705,7 @@ def test_reader_while_a_writer_appends_and_acks(tmp_path: Path) -> None:
 def test_reader_errors_name_the_file(tmp_path: Path) -> None:
     directory, registry = paths(tmp_path)
     with pytest.raises(StoreError) as info:
-        TopicStoreReader(directory, registry)
+        TopicStoreReader(directory, registry, StoreSettings().sqlite_cache_bytes)
     assert info.value.path == registry
     assert not registry.exists()  # mode=rw: never creates a database
     open_topic(tmp_path).close()
