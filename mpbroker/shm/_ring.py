@@ -651,10 +651,11 @@ class RingReader:
             self._ring._fail(e)
 
     def read_batch(
-        self, max_records: int = 1024, max_bytes: int = 1 << 20
+        self, max_records: int = 1024, max_bytes: int | None = None
     ) -> list[tuple[int, bytes]]:
         """Copy out up to ``max_records`` published records as ``(kind, payload)`` and publish
-        the new tail once. Payload bytes stay within ``max_bytes``, except that at least one
+        the new tail once. Payload bytes stay within ``max_bytes`` (default: the ring's
+        capacity, so a batch is never more than the ring held), except that at least one
         record is returned even if it alone is larger. Returns ``[]`` when the ring is empty.
 
         A payload written as fragments is returned whole, as one record, once its last fragment
@@ -662,6 +663,8 @@ class RingReader:
         arrive, so a call may consume fragments and return ``[]``. Once its first fragment is
         taken, the rest of a payload is taken whatever ``max_bytes`` says.
         """
+        if max_bytes is None:
+            max_bytes = self._cap
         try:
             q = self._q
             head = q[_W_HEAD]

@@ -428,7 +428,7 @@ class TopicStore:
             stale: list[int] = []
             i = 0
             cursor = conn.execute("SELECT DISTINCT seq FROM pending ORDER BY seq")
-            while rows := cursor.fetchmany(4096):
+            while rows := cursor.fetchmany(self.messages.settings.cleanup_batch):
                 for (seq,) in rows:
                     while i < len(live) and live[i] < seq:
                         orphans.append(live[i])
