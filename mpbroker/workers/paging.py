@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
@@ -43,6 +44,8 @@ __all__ = [
 ]
 
 log = logging.getLogger("mpbroker.paging")
+
+_LOG_INTERVAL_S = 60.0
 
 
 def paging_enabled(config: Config) -> bool:
@@ -108,6 +111,11 @@ class VolatilePaging:
         self.mark_of = mark_of  # the budget of memory whose passing starts paging
         self.configure(config)
         self.stopped = False  # producers of non-persistent messages held: the store is full
+        # Paging may start and stop every second near the marks: the log says so at most
+        # once a minute (the admin API has the rest).
+        self.starts = 0
+        self.logged_at = -_LOG_INTERVAL_S
+        self.logged_starts = 0
 
     def configure(self, config: Config) -> None:
         self.mark = self.mark_of(config)
@@ -121,20 +129,21 @@ class VolatilePaging:
         short = bool(self.throttle_level) and memwatch_level >= self.throttle_level
         over = self.mark.enabled and engine.held_bytes >= self.mark.high
         if (over or short) and not engine.paging:
-            log.info(
+            engine.paging = True
+            self.starts += 1
+            self._log(
                 "paging non-persistent messages to the temp store: %s",
                 f"memory level {memwatch_level}"
                 if short
                 else f"the {self.mark.high}-byte budget of messages in memory was reached",
             )
-            engine.paging = True
         elif (
             engine.paging
             and not short
             and (not self.mark.enabled or engine.held_bytes <= self.mark.low)
         ):
             engine.paging = False
-            log.info(
+            self._log(
                 "paging stopped: %d messages (%d bytes) wait in the temp store",
                 engine.paged_messages,
                 engine.paged_bytes,
@@ -153,10 +162,21 @@ class VolatilePaging:
         self.stopped = stopped
         return stopped
 
+    def _log(self, text: str, *args: object) -> None:
+        now = time.monotonic()
+        if now - self.logged_at < _LOG_INTERVAL_S:
+            log.debug(text, *args)
+            return
+        if self.starts - self.logged_starts > 1:
+            text += f" ({self.starts - self.logged_starts} paging starts since the last note)"
+        log.info(text, *args)
+        self.logged_at, self.logged_starts = now, self.starts
+
     def statistics(self) -> dict[str, Any]:
         stats = self.store.statistics()
         return {
             "paging": self.engine.paging,
+            "starts": self.starts,
             "usage_bytes": stats.usage_bytes,
             "limit_bytes": stats.limit_bytes,
             "segments": stats.segments,
