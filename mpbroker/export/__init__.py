@@ -1,0 +1,54 @@
+"""Export the stores' persistent messages as Parquet files (`mpbroker export`).
+
+- :func:`export`: every message of the stores in a data directory (sealed, archived and a
+  snapshot of the active segments, read-only while the broker runs) not exported yet, one
+  Parquet file per source segment, and the manifest that makes the next run incremental.
+- The schema (:data:`COLUMNS`, :data:`SCHEMA_VERSION`) and :func:`build_row` are pure; so is
+  the manifest logic (:class:`Manifest`, :func:`after_seq`).
+
+pyarrow is imported only when a file is read or written: the broker runs without it
+(``pip install 'mpbroker[spark]'`` brings it).
+
+Example::
+
+    summary = export(Path("/var/lib/mpbroker"), Path("/srv/export"), Options(body=False))
+    print("\\n".join(summary.lines()))
+"""
+
+from ._errors import ExportError
+from ._manifest import MANIFEST_NAME, Manifest, Options, SegmentEntry, after_seq
+from ._parquet import INSTALL_HINT
+from ._run import ExportSummary, Progress, export
+from ._schema import (
+    COLUMNS,
+    PENDING,
+    ROW_OUTCOMES,
+    SCHEMA_VERSION,
+    Column,
+    SourceMessage,
+    build_row,
+    kind_of,
+    parse_since,
+)
+
+__all__ = [
+    "COLUMNS",
+    "INSTALL_HINT",
+    "MANIFEST_NAME",
+    "PENDING",
+    "ROW_OUTCOMES",
+    "SCHEMA_VERSION",
+    "Column",
+    "ExportError",
+    "ExportSummary",
+    "Manifest",
+    "Options",
+    "Progress",
+    "SegmentEntry",
+    "SourceMessage",
+    "after_seq",
+    "build_row",
+    "export",
+    "kind_of",
+    "parse_since",
+]
