@@ -42,8 +42,17 @@ from typing import Any
 from mpbroker.config import Config
 
 from .control import describe
-from .servers import ServerError, ServerProcess
-from .soak import BrokerLog, MemorySampler, Options, Phases, SoakRun, mib, producer_lines
+from .servers import ServerProcess
+from .soak import (
+    BrokerLog,
+    MemorySampler,
+    Options,
+    Phases,
+    SoakRun,
+    mib,
+    producer_lines,
+    run_and_report,
+)
 from .wire import BODY_HEADER_BYTES
 
 __all__ = ["destinations", "format_summary", "main"]
@@ -519,15 +528,7 @@ def main(argv: list[str] | None = None) -> int:
         send_timeout_ms=Config().flow.send_timeout_ms,
     )
     run = _MemSoakRun(options, args.minutes, args.calibrate_seconds, args.consumer_speed)
-    try:
-        summary = run.run()
-    except (ServerError, TimeoutError, RuntimeError) as exc:
-        run.say(f"aborted: {describe(exc)}")
-        for failure in run.failures:
-            run.say(failure)
-        return 1
-    print(json.dumps(summary) if args.json else format_summary(summary), flush=True)
-    return 0 if summary["ok"] else 1
+    return run_and_report(run, format_summary if not args.json else None)
 
 
 if __name__ == "__main__":

@@ -46,6 +46,7 @@ import secrets
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, fields
 from multiprocessing.context import SpawnContext
 from multiprocessing.process import BaseProcess
@@ -1363,6 +1364,12 @@ def main(argv: list[str] | None = None) -> int:
         send_timeout_ms=args.send_timeout_ms,
     )
     run = SoakRun(options, args.minutes, args.calibrate_seconds)
+    return run_and_report(run, format_summary if not args.json else None)
+
+
+def run_and_report(run: SoakRun, text: Callable[[dict[str, Any]], str] | None) -> int:
+    """Run a soak and print its summary (`text`, or JSON when None); the exit status: 0
+    when it is ok, 1 when it failed or was aborted."""
     try:
         summary = run.run()
     except (ServerError, TimeoutError, RuntimeError) as exc:
@@ -1370,7 +1377,7 @@ def main(argv: list[str] | None = None) -> int:
         for failure in run.failures:
             run.say(failure)
         return 1
-    print(json.dumps(summary) if args.json else format_summary(summary), flush=True)
+    print(json.dumps(summary) if text is None else text(summary), flush=True)
     return 0 if summary["ok"] else 1
 
 

@@ -1,13 +1,51 @@
-"""Fixtures of the bench tests: a baseline server in a child process, stopped afterwards."""
+"""Fixtures of the bench tests: a baseline server in a child process, stopped afterwards;
+running a bench module to its end."""
 
 from __future__ import annotations
 
+import json
 import os
+import signal
+import subprocess
+import sys
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
 from bench.servers import ServerProcess
+
+# Generous bound for one bench invocation; a hang fails the test instead of hanging it.
+RUN_TIMEOUT_S = 120
+
+
+def run_module(module: str, *argv: str) -> tuple[int, str, str]:
+    """`python -m module argv...` to its end: exit status, stdout, stderr. A session of its
+    own, so that if it hangs, killing its process group also ends the broker and the
+    producer and consumer processes it started."""
+    process = subprocess.Popen(
+        [sys.executable, "-m", module, *argv],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        out, err = process.communicate(timeout=RUN_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        out, err = process.communicate()
+        pytest.fail(f"{module} did not finish within {RUN_TIMEOUT_S} s:\n{out}\n{err}")
+    return process.returncode, out, err
+
+
+def run_module_json(module: str, *argv: str) -> tuple[int, dict[str, Any], str]:
+    """`run_module` for a bench that prints its summary as JSON on its last line."""
+    code, out, err = run_module(module, *argv)
+    lines = out.strip().splitlines()
+    assert lines, f"no output; stderr:\n{err}"
+    summary: dict[str, Any] = json.loads(lines[-1])
+    return code, summary, err
 
 
 def gone(pid: int) -> bool:

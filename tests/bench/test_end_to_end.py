@@ -7,12 +7,8 @@ assertion looks at speed.
 
 from __future__ import annotations
 
-import json
 import os
-import signal
 import socket
-import subprocess
-import sys
 from typing import Any
 
 import pytest
@@ -20,36 +16,15 @@ import pytest
 from bench.servers import ServerProcess
 from mpbroker.shm import SHM_DIR
 
-from .conftest import gone
-
-# Generous bound for one bench invocation; a hang fails the test instead of hanging it.
-RUN_TIMEOUT_S = 120
+from .conftest import gone, run_module, run_module_json
 
 
 def _bench(*argv: str) -> tuple[int, str, str]:
-    # A session of its own, so that if the bench hangs, killing its process group also
-    # ends the broker and the workers it started.
-    process = subprocess.Popen(
-        [sys.executable, "-m", "bench", *argv],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-    )
-    try:
-        out, err = process.communicate(timeout=RUN_TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        os.killpg(process.pid, signal.SIGKILL)
-        out, err = process.communicate()
-        pytest.fail(f"bench did not finish within {RUN_TIMEOUT_S} s:\n{out}\n{err}")
-    return process.returncode, out, err
+    return run_module("bench", *argv)
 
 
 def _bench_json(*argv: str) -> tuple[int, dict[str, Any], str]:
-    code, out, err = _bench("--json", *argv)
-    lines = out.strip().splitlines()
-    assert lines, f"no output; stderr:\n{err}"
-    return code, json.loads(lines[-1]), err
+    return run_module_json("bench", "--json", *argv)
 
 
 def _segments_of(pid: int) -> list[str]:

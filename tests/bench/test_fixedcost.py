@@ -6,53 +6,29 @@ which processes were measured and that the broker is gone afterwards.
 
 from __future__ import annotations
 
-import json
 import os
-import signal
-import subprocess
-import sys
 
 import pytest
 
 from mpbroker.shm import SHM_DIR
 
-from .conftest import gone
+from .conftest import gone, run_module_json
 
 pytestmark = pytest.mark.slow
 
-RUN_TIMEOUT_S = 120
-
 
 def test_fixedcost_measures_each_broker_process_and_leaves_nothing() -> None:
-    # A session of its own: if it hangs, killing the group also ends the broker.
-    process = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "bench.fixedcost",
-            "--json",
-            "--gateways",
-            "2",
-            "--samples",
-            "2",
-            "--settle",
-            "0.5",
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
+    code, summary, err = run_module_json(
+        "bench.fixedcost",
+        "--json",
+        "--gateways",
+        "2",
+        "--samples",
+        "2",
+        "--settle",
+        "0.5",
     )
-    try:
-        out, err = process.communicate(timeout=RUN_TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        os.killpg(process.pid, signal.SIGKILL)
-        out, err = process.communicate()
-        pytest.fail(f"bench.fixedcost did not finish within {RUN_TIMEOUT_S} s:\n{out}\n{err}")
-    lines = out.strip().splitlines()
-    assert lines, f"no output; stderr:\n{err}"
-    summary = json.loads(lines[-1])
-    assert process.returncode == 0, f"{summary}\n{err}"
+    assert code == 0, f"{summary}\n{err}"
     assert summary["ok"] and summary["left_behind"] == [] and summary["stop_status"] == 0
     titles = sorted(p["title"] for p in summary["processes"])
     assert titles == [

@@ -7,19 +7,13 @@ looks at speed; memory is only checked to be reported (and to decide the exit st
 
 from __future__ import annotations
 
-import json
-import os
-import signal
-import subprocess
-import sys
-
 import pytest
 
 from bench.memsoak import consumer_groups, destinations
 
-pytestmark = pytest.mark.slow
+from .conftest import run_module_json
 
-RUN_TIMEOUT_S = 120
+pytestmark = pytest.mark.slow
 
 
 def test_destinations_are_spread_over_the_consumers() -> None:
@@ -37,44 +31,25 @@ def test_destinations_are_spread_over_the_consumers() -> None:
 
 
 def test_a_short_memory_soak_reconciles_queues_and_topics() -> None:
-    # A session of its own, so that if the soak hangs, killing its process group also ends
-    # the broker and the producer and consumer processes.
-    process = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "bench.memsoak",
-            "--minutes",
-            "0.1",
-            "--calibrate-seconds",
-            "2",
-            "--producers",
-            "2",
-            "--queues",
-            "2",
-            "--topics",
-            "2",
-            "--consumers",
-            "2",
-            "--size",
-            "200",
-            "--json",
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
+    code, summary, err = run_module_json(
+        "bench.memsoak",
+        "--minutes",
+        "0.1",
+        "--calibrate-seconds",
+        "2",
+        "--producers",
+        "2",
+        "--queues",
+        "2",
+        "--topics",
+        "2",
+        "--consumers",
+        "2",
+        "--size",
+        "200",
+        "--json",
     )
-    try:
-        out, err = process.communicate(timeout=RUN_TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        os.killpg(process.pid, signal.SIGKILL)
-        out, err = process.communicate()
-        pytest.fail(f"the memory soak did not finish within {RUN_TIMEOUT_S} s:\n{out}\n{err}")
-    lines = out.strip().splitlines()
-    assert lines, f"no output; stderr:\n{err}"
-    summary = json.loads(lines[-1])
-    assert process.returncode == (0 if summary["ok"] else 1), f"{summary}\n{err}"
+    assert code == (0 if summary["ok"] else 1), f"{summary}\n{err}"
     assert summary["failures"] == []
 
     # Every accepted message arrived exactly once: queue messages at their queue, topic

@@ -7,50 +7,25 @@ ERROR, reconnect and reconciliation path; no assertion looks at speed or memory.
 
 from __future__ import annotations
 
-import json
-import os
-import signal
-import subprocess
-import sys
-
 import pytest
+
+from .conftest import run_module_json
 
 pytestmark = pytest.mark.slow
 
-RUN_TIMEOUT_S = 120
-
 
 def test_a_short_soak_loses_nothing_and_stops_the_producers() -> None:
-    # A session of its own, so that if the soak hangs, killing its process group also ends
-    # the broker and the producer and consumer processes.
-    process = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "bench.soak",
-            "--minutes",
-            "0.1",
-            "--calibrate-seconds",
-            "2",
-            "--send-timeout-ms",
-            "100",
-            "--json",
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
+    code, summary, err = run_module_json(
+        "bench.soak",
+        "--minutes",
+        "0.1",
+        "--calibrate-seconds",
+        "2",
+        "--send-timeout-ms",
+        "100",
+        "--json",
     )
-    try:
-        out, err = process.communicate(timeout=RUN_TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        os.killpg(process.pid, signal.SIGKILL)
-        out, err = process.communicate()
-        pytest.fail(f"the soak did not finish within {RUN_TIMEOUT_S} s:\n{out}\n{err}")
-    lines = out.strip().splitlines()
-    assert lines, f"no output; stderr:\n{err}"
-    summary = json.loads(lines[-1])
-    assert process.returncode == 0, f"{summary}\n{err}"
+    assert code == 0, f"{summary}\n{err}"
     assert summary["ok"] and summary["failures"] == []
     assert summary["lost"] == 0
     assert summary["duplicates"] == 0
