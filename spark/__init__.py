@@ -1,0 +1,1 @@
+"""Spark jobs over `mpbroker export` output (``pip install 'mpbroker[spark]'``, Java 17)."""

@@ -1,0 +1,265 @@
+"""Ingest an `mpbroker export` directory into a Parquet table, and write reports beside it.
+
+    python -m spark.ingest --input /srv/export --output /srv/table          # local[*]
+    spark-submit spark/ingest.py --input /srv/export --output /srv/table    # a cluster
+
+Every input file is checked first (a damaged or foreign Parquet file, or a schema version
+this job does not know, is refused naming the file, exit code 2, before anything is
+written). The rows are appended to a table partitioned by destination and day (UTC), leaving
+out rows already in it (same store, seq and message id), so re-running adds nothing. The
+reports under ``<output>/_reports/`` are recomputed from the whole table and replaced as a
+whole. The message body is not copied into the table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Final
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+
+__all__ = ["IngestError", "IngestSummary", "check_inputs", "ingest", "main"]
+
+# The export's unique key: (store, seq) is unique in a data directory; the message id guards
+# against two data directories with the same store names.
+KEY: Final = ("store", "seq", "message_id")
+PARTITIONS: Final = ("destination", "day")
+REPORTS_DIR: Final = "_reports"
+# Size histogram buckets: upper bounds in bytes (exclusive); the last bucket is open.
+SIZE_BUCKETS_BYTES: Final = (1024, 4096, 16384, 65536, 262144, 1048576)
+OUTCOME_COLUMNS: Final = ("acked", "expired", "dead-lettered", "unsubscribed", "pending")
+
+# Used when mpbroker itself is not importable (spark-submit with a bare Python).
+_SCHEMA_KEY: Final = b"mpbroker.export.schema_version"
+_KNOWN_SCHEMA_VERSION: Final = b"1"
+
+
+class IngestError(Exception):
+    """The job refused its input; names the file and why. Nothing was written."""
+
+    def __init__(self, path: Path | str, detail: str) -> None:
+        self.path = Path(path)
+        self.detail = detail
+        super().__init__(f"ingest: {self.path}: {detail}")
+
+
+@dataclass
+class IngestSummary:
+    files: int = 0
+    rows_read: int = 0
+    rows_appended: int = 0
+    rows_in_table: int = 0
+    destinations: dict[str, tuple[int, int]] = field(default_factory=dict)
+    """destination -> (messages, bytes) over the whole table."""
+
+    def lines(self) -> list[str]:
+        out = [
+            f"{'destination':<40} {'messages':>10} {'bytes':>14}",
+            *(
+                f"{name:<40} {n:>10} {size:>14}"
+                for name, (n, size) in sorted(self.destinations.items())
+            ),
+            f"{self.files} files, {self.rows_read} rows read, {self.rows_appended} appended"
+            f" ({self.rows_read - self.rows_appended} already in the table),"
+            f" {self.rows_in_table} rows in the table",
+        ]
+        return out
+
+
+def _check_file(path: Path) -> None:
+    try:
+        from mpbroker.export import ExportError
+        from mpbroker.export._parquet import check_file
+    except ImportError:
+        _check_file_pyarrow(path)
+        return
+    try:
+        check_file(path)
+    except ExportError as exc:
+        raise IngestError(path, exc.detail) from None
+
+
+def _check_file_pyarrow(path: Path) -> None:
+    import pyarrow.parquet as pq
+
+    try:
+        schema = pq.read_schema(path)
+    except Exception as exc:  # ArrowInvalid, OSError, ... for a bad footer
+        raise IngestError(path, f"damaged or not a Parquet file ({exc})") from None
+    version = (schema.metadata or {}).get(_SCHEMA_KEY)
+    if version is None:
+        raise IngestError(path, "a Parquet file not written by mpbroker export (foreign file)")
+    if version != _KNOWN_SCHEMA_VERSION:
+        raise IngestError(path, f"schema version {version.decode(errors='replace')!r} unknown")
+
+
+def check_inputs(input_dir: Path) -> list[Path]:
+    """The export's Parquet files, each checked; IngestError naming the first bad one."""
+    if not input_dir.is_dir():
+        raise IngestError(input_dir, "not a directory")
+    files = sorted(p for p in input_dir.rglob("*.parquet") if p.is_file())
+    if not files:
+        raise IngestError(input_dir, "no .parquet files (not an mpbroker export directory?)")
+    for path in files:
+        _check_file(path)
+    return files
+
+
+def _table_files(output: Path) -> bool:
+    return output.is_dir() and any(
+        not any(part.startswith(("_", ".")) for part in p.relative_to(output).parts)
+        for p in output.rglob("*.parquet")
+    )
+
+
+def _reports(table: DataFrame) -> dict[str, DataFrame]:
+    from pyspark.sql import functions as F
+
+    latency_ms = F.when(
+        F.col("outcome") == "acked",
+        F.expr("unix_millis(settled_at) - unix_millis(timestamp)"),
+    )
+    per_minute = (
+        table.withColumn("minute", F.date_trunc("minute", "timestamp"))
+        .withColumn("latency_ms", latency_ms)
+        .groupBy("destination", "minute")
+        .agg(
+            F.count("*").alias("messages"),
+            F.sum("size_bytes").alias("bytes"),
+            F.count("latency_ms").alias("acked"),
+            *(
+                F.percentile_approx("latency_ms", q).alias(f"latency_p{int(q * 100)}_ms")
+                for q in (0.5, 0.95, 0.99)
+            ),
+        )
+        .orderBy("destination", "minute")
+    )
+    bucket = F.lit(f">={SIZE_BUCKETS_BYTES[-1]}")
+    for bound in reversed(SIZE_BUCKETS_BYTES):
+        bucket = F.when(F.col("size_bytes") < bound, F.lit(f"<{bound}")).otherwise(bucket)
+    order = F.lit(len(SIZE_BUCKETS_BYTES))
+    for i, bound in reversed(list(enumerate(SIZE_BUCKETS_BYTES))):
+        order = F.when(F.col("size_bytes") < bound, F.lit(i)).otherwise(order)
+    sizes = (
+        table.withColumn("size_bucket", bucket)
+        .withColumn("bucket_order", order)
+        .groupBy("destination", "bucket_order", "size_bucket")
+        .agg(F.count("*").alias("messages"), F.sum("size_bytes").alias("bytes"))
+        .orderBy("destination", "bucket_order")
+        .drop("bucket_order")
+    )
+    outcomes = (
+        table.groupBy("destination")
+        .agg(
+            F.count("*").alias("messages"),
+            F.sum("size_bytes").alias("bytes"),
+            *(
+                F.count(F.when(F.col("outcome") == o, 1)).alias(o.replace("-", "_"))
+                for o in OUTCOME_COLUMNS
+            ),
+            F.count(F.when(F.col("redeliveries") > 0, 1)).alias("redelivered_messages"),
+            F.sum("redeliveries").alias("redeliveries"),
+        )
+        .orderBy("destination")
+    )
+    return {"per_minute": per_minute, "sizes": sizes, "outcomes": outcomes}
+
+
+def ingest(spark: SparkSession, input_dir: Path, output: Path) -> IngestSummary:
+    """Check, append the new rows, rewrite the reports; IngestError before any write."""
+    from pyspark.sql import functions as F
+
+    files = check_inputs(input_dir)
+    spark.conf.set("spark.sql.session.timeZone", "UTC")  # days and minutes are UTC
+    summary = IngestSummary(files=len(files))
+    rows = (
+        spark.read.parquet(*(str(f) for f in files))
+        .drop("body")
+        .withColumn("day", F.to_date("timestamp"))
+        .dropDuplicates(list(KEY))
+    )
+    new = rows
+    if _table_files(output):
+        existing = spark.read.parquet(str(output)).select(*KEY)
+        new = rows.join(existing, on=list(KEY), how="left_anti")
+    new = new.cache()
+    summary.rows_read = rows.count()
+    summary.rows_appended = new.count()
+    if summary.rows_appended:
+        new.write.mode("append").partitionBy(*PARTITIONS).parquet(str(output))
+    new.unpersist()
+    if not _table_files(output):  # nothing appended to a table that did not exist yet
+        return summary
+
+    table = spark.read.parquet(str(output))
+    tmp = output / (REPORTS_DIR + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    for name, report in _reports(table).items():
+        report.coalesce(1).write.option("header", True).csv(str(tmp / name))
+    final = output / REPORTS_DIR
+    shutil.rmtree(final, ignore_errors=True)
+    tmp.rename(final)
+
+    for row in (
+        table.groupBy("destination").agg(F.count("*").alias("n"), F.sum("size_bytes").alias("b"))
+    ).collect():
+        summary.destinations[row["destination"]] = (int(row["n"]), int(row["b"]))
+    summary.rows_in_table = sum(n for n, _ in summary.destinations.values())
+    return summary
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m spark.ingest",
+        description="Append an mpbroker export to a Parquet table partitioned by destination"
+        " and day, and write reports under OUTPUT/_reports/.",
+    )
+    parser.add_argument("--input", required=True, type=Path, help="an `mpbroker export` --out")
+    parser.add_argument("--output", required=True, type=Path, help="the table directory")
+    parser.add_argument(
+        "--master", default=None, help="Spark master (default: spark-submit's, else local[*])"
+    )
+    args = parser.parse_args(argv)
+    try:
+        check_inputs(args.input)  # before Spark starts: a bad file costs no JVM
+    except IngestError as exc:
+        print(exc, file=sys.stderr)
+        return 2
+
+    from pyspark.sql import SparkSession
+
+    builder = (
+        SparkSession.builder.appName("mpbroker-ingest")
+        .config("spark.sql.session.timeZone", "UTC")
+        .config("spark.ui.showConsoleProgress", "false")
+    )
+    if args.master is not None:
+        builder = builder.master(args.master)
+    elif "pyspark.shell" not in sys.modules and not _under_spark_submit():
+        builder = builder.master("local[*]")
+    spark = builder.getOrCreate()
+    try:
+        summary = ingest(spark, args.input, args.output)
+    except IngestError as exc:
+        print(exc, file=sys.stderr)
+        return 2
+    finally:
+        spark.stop()
+    print("\n".join(summary.lines()))
+    return 0
+
+
+def _under_spark_submit() -> bool:
+    import os
+
+    return "SPARK_ENV_LOADED" in os.environ or "PYSPARK_GATEWAY_PORT" in os.environ
+
+
+if __name__ == "__main__":
+    sys.exit(main())

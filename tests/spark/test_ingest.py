@@ -1,0 +1,153 @@
+"""The Spark ingest job in local mode over an export of real store files (no broker
+process): exact counts per destination and outcome, re-runs add nothing, refusals."""
+
+from __future__ import annotations
+
+import csv
+import gc
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from pyspark.sql import SparkSession
+
+from mpbroker.export import Options, export
+from mpbroker.stores import MessageStore, TopicStore
+from spark.ingest import ingest, main
+from tests.export.test_export_stores import SETTINGS, fill
+
+pytestmark = [
+    pytest.mark.slow,
+    # py4j leaves its gateway sockets to the garbage collector (ResourceWarning); the
+    # fixture collects them before the module ends, so they are reported here and nowhere else.
+    pytest.mark.filterwarnings(
+        "ignore:Exception ignored in. <socket.socket:pytest.PytestUnraisableExceptionWarning"
+    ),
+]
+
+
+@pytest.fixture(scope="module")
+def spark() -> Iterator[SparkSession]:
+    session = (
+        SparkSession.builder.master("local[2]")
+        .appName("mpbroker-ingest-tests")
+        .config("spark.ui.enabled", "false")
+        .config("spark.sql.shuffle.partitions", "2")
+        .config("spark.sql.session.timeZone", "UTC")
+        .getOrCreate()
+    )
+    session.sparkContext.setLogLevel("ERROR")
+    try:
+        yield session
+    finally:
+        session.stop()
+        gc.collect()
+
+
+def make_export(tmp_path: Path) -> Path:
+    data = tmp_path / "data"
+    queues = MessageStore.open(data / "p2p-0", SETTINGS)
+    topics = TopicStore(data / "pubsub-0", data / "pubsub-0-durable.db", SETTINGS)
+    try:
+        topics.recover(0)
+        topics.subscribe("s1", "/topic/t")
+        for start in range(0, 40, 10):
+            fill(queues, topics, start, 10)
+        queues.settle(queues.expired(10, 1000), "expired", 3_000_000)
+        queues.record_delivery(queues.live_seqs()[:3])
+    finally:
+        queues.close()
+        topics.close()
+    out = tmp_path / "export"
+    export(data, out, Options())
+    return out
+
+
+EXPECTED = {
+    ("/queue/a", "acked"): 20,
+    ("/queue/a", "pending"): 20,
+    ("/queue/b", "expired"): 40,
+    ("/topic/t", "acked"): 4 * (10 // 4),
+    ("/topic/t", "pending"): 40 - 4 * (10 // 4),
+}
+
+
+def table_counts(spark: SparkSession, table: Path) -> Counter[tuple[str, str]]:
+    rows = spark.read.parquet(str(table)).groupBy("destination", "outcome").count().collect()
+    return Counter({(r["destination"], r["outcome"]): int(r["count"]) for r in rows})
+
+
+def read_report(table: Path, name: str) -> list[dict[str, str]]:
+    (part,) = (table / "_reports" / name).glob("part-*.csv")
+    with open(part, newline="") as fh:
+        return list(csv.DictReader(fh))
+
+
+def test_ingest_counts_reports_and_rerun(spark: SparkSession, tmp_path: Path) -> None:
+    out = make_export(tmp_path)
+    table = tmp_path / "table"
+
+    first = ingest(spark, out, table)
+    assert (first.rows_read, first.rows_appended, first.rows_in_table) == (120, 120, 120)
+    assert table_counts(spark, table) == EXPECTED
+    # Partitioned by destination and (UTC) day.
+    parts = {p.relative_to(table).parts[:2] for p in table.rglob("*.parquet")}
+    assert ("destination=%2Fqueue%2Fa", "day=1970-01-01") in parts
+    assert "body" not in spark.read.parquet(str(table)).columns
+
+    outcomes = {r["destination"]: r for r in read_report(table, "outcomes")}
+    assert outcomes["/queue/b"]["expired"] == "40"
+    assert outcomes["/queue/a"]["acked"] == "20"
+    assert sum(int(r["redelivered_messages"]) for r in outcomes.values()) == 3
+    per_minute = read_report(table, "per_minute")
+    assert sum(int(r["messages"]) for r in per_minute) == 120
+    queue_a = [r for r in per_minute if r["destination"] == "/queue/a"]
+    # Acked at 2_000_000 ms, sent at 1_000_000 + i for i in 0..39: latency just under 1000 s.
+    assert all(990_000 <= int(r["latency_p50_ms"]) <= 1_000_000 for r in queue_a)
+    queue_b = [r for r in per_minute if r["destination"] == "/queue/b"]
+    assert all(r["latency_p50_ms"] == "" for r in queue_b)  # none acked: no latency
+    sizes = read_report(table, "sizes")
+    assert sum(int(r["messages"]) for r in sizes) == 120
+    assert {r["size_bucket"] for r in sizes} == {"<1024"}
+
+    again = ingest(spark, out, table)
+    assert (again.rows_read, again.rows_appended, again.rows_in_table) == (120, 0, 120)
+    assert table_counts(spark, table) == EXPECTED
+
+
+def test_foreign_file_is_refused_naming_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "export"
+    out.mkdir()
+    foreign = out / "other.parquet"
+    pq.write_table(pa.table({"x": [1, 2]}), foreign)
+    table = tmp_path / "table"
+    assert main(["--input", str(out), "--output", str(table)]) == 2
+    err = capsys.readouterr().err
+    assert str(foreign) in err
+    assert "foreign" in err
+    assert not table.exists()
+
+
+def test_damaged_file_and_unknown_version_are_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = make_export(tmp_path)
+    table = tmp_path / "table"
+    good = sorted(out.rglob("*.parquet"))[0]
+    newer = good.with_name("newer.parquet")
+    t = pq.read_table(good)
+    pq.write_table(t.replace_schema_metadata({b"mpbroker.export.schema_version": b"99"}), newer)
+    assert main(["--input", str(out), "--output", str(table)]) == 2
+    err = capsys.readouterr().err
+    assert str(newer) in err and "'99'" in err
+    newer.unlink()
+    damaged = good.with_name("damaged.parquet")
+    damaged.write_bytes(good.read_bytes()[:-100])
+    assert main(["--input", str(out), "--output", str(table)]) == 2
+    assert str(damaged) in capsys.readouterr().err
+    assert not table.exists()
