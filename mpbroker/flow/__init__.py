@@ -47,7 +47,7 @@ from ._limits import (
     store_limits,
 )
 from ._quota import NO_LIMIT, Quota, QuotaBook, QuotaPolicy, QuotaSettings
-from ._rate import RateFlow, RateSettings, rate_settings_for
+from ._rate import RateFlow, RateSettings, rate_settings_for, throttle_rate_settings
 from ._watermark import OFF, Level, Watermark
 
 __all__ = [
@@ -84,4 +84,5 @@ __all__ = [
     "parse_log_fields",
     "rate_settings_for",
     "store_limits",
+    "throttle_rate_settings",
 ]

@@ -31,7 +31,7 @@ from mpbroker.config import Config
 
 from ._watermark import PER_DESTINATION_CACHE
 
-__all__ = ["RateFlow", "RateSettings", "rate_settings_for"]
+__all__ = ["RateFlow", "RateSettings", "rate_settings_for", "throttle_rate_settings"]
 
 # A time that lands exactly on a step boundary must count as that step, although
 # `elapsed / step_s` may come out a hair below the whole number after float rounding.
@@ -188,3 +188,10 @@ def rate_settings_for(config: Config) -> Callable[[str], RateSettings | None]:
         )
 
     return settings_for
+
+
+def throttle_rate_settings(config: Config) -> RateSettings:
+    """The pace of every producer while MemWatch throttles (memory.throttle_level): the
+    [flow] section's rates, whatever a destination's own flow_control says."""
+    flow = config.flow
+    return RateSettings(flow.flow_maximum, flow.flow_minimum, flow.flow_interval_s, flow.flow_steps)

@@ -27,6 +27,7 @@ from mpbroker.flow import (
     RateSettings,
     Stop,
     rate_settings_for,
+    throttle_rate_settings,
 )
 from mpbroker.gateway_session import GatewaySession, SessionState, TransactionBudget
 from mpbroker.records import Hello, Record
@@ -66,6 +67,8 @@ COUNTER_FRAMES_IN = 1
 COUNTER_MESSAGES_OUT = 2
 
 _LISTEN_BACKLOG = 1024
+# The key of a producer's MemWatch pace in _Connection.rates (no destination is "").
+_MEMORY_RATE = ""
 _CLOSE_TIMEOUT_S = 2.0
 
 
@@ -96,11 +99,9 @@ class _Connection:
         self.peer = peer
         self.wake = trio.Event()
         self.last_received = time.monotonic()
-        # Rate-based flow: this producer's pace per destination while it is controlled.
+        # Rate-based flow: this producer's pace per destination while it is controlled,
+        # and over all destinations (key _MEMORY_RATE) while MemWatch throttles.
         self.rates: dict[str, RateFlow] = {}
-        # MemWatch throttling: this producer's pace while memory is short, over all
-        # destinations.
-        self.memory_rate: RateFlow | None = None
 
     def notify(self) -> None:
         self.wake.set()
@@ -152,6 +153,7 @@ class Gateway:
         self.held_sends: dict[_Connection, tuple[str, Stop, float]] = {}
         self.stats = StatsBlock.attach(layout.stats(spec.slot))
         self.rate_for = rate_settings_for(self.config)
+        self.throttle_rate = throttle_rate_settings(self.config)
         self.config_watch = ConfigWatch(self.control, spec)
         self.level_gc = LevelGC(self.control, spec.config)
         # MemWatch's level as last seen: held SENDs wake when it changes.
@@ -198,6 +200,7 @@ class Gateway:
                 # producers being paced go on with what they started with.
                 self.config = reloaded
                 self.rate_for = rate_settings_for(reloaded)
+                self.throttle_rate = throttle_rate_settings(reloaded)
                 log.info("flow settings reloaded")
             if got:
                 await trio.lowlevel.checkpoint()
@@ -435,38 +438,42 @@ class Gateway:
         """Rate-based flow (WebLogic): a SEND to a destination with `flow_control` waits
         for its producer's turn at the current rate, which decays while the destination is
         armed and recovers once it is not. True when the destination is rate-controlled."""
-        session = conn.session
-        if not _flow_controlled(session, frame):
+        if not _flow_controlled(conn.session, frame):
             return False
         destination = frame.headers.get("destination", "")
         settings = self.rate_for(destination)
         if settings is None:
             return False
-        delay = self._pace(conn, destination, settings, frame.headers.get("persistent") == "true")
-        if delay > 0:
-            if session.routes:
-                await self.route(session.routes)  # what came before goes first
-            await trio.sleep(delay)
-        rate = conn.rates.get(destination)
-        if rate is not None:
-            rate.sent(trio.current_time())
+        persistent = frame.headers.get("persistent") == "true"
+        armed = self.flow.stop_for(destination, persistent) is not None
+        await self._take_turn(conn, destination, armed, settings)
         return True
 
-    def _pace(
-        self, conn: _Connection, destination: str, settings: RateSettings, persistent: bool
-    ) -> float:
+    async def _take_turn(
+        self, conn: _Connection, key: str, armed: bool, settings: RateSettings
+    ) -> None:
+        """Wait for the producer's turn at its rate for `key` (geometric decay while
+        `armed`, linear recovery after; no rate once fully recovered), what it sent before
+        going first."""
         now = trio.current_time()
-        rate = conn.rates.get(destination)
-        if self.flow.stop_for(destination, persistent) is not None:
+        rate = conn.rates.get(key)
+        if armed:
             if rate is None:
-                rate = conn.rates[destination] = RateFlow(settings)
+                rate = conn.rates[key] = RateFlow(settings)
             rate.arm(now)
-        elif rate is not None:
+        elif rate is None:
+            return
+        else:
             rate.disarm(now)
             if rate.rate(now) is None:  # fully recovered: no longer controlled
-                del conn.rates[destination]
-                return 0.0
-        return rate.delay(now) if rate is not None else 0.0
+                del conn.rates[key]
+                return
+        delay = rate.delay(now)
+        if delay > 0:
+            if conn.session.routes:
+                await self.route(conn.session.routes)  # what came before goes first
+            await trio.sleep(delay)
+        rate.sent(trio.current_time())
 
     def _stop_for(self, session: GatewaySession, frame: Frame) -> Stop | None:
         if not _flow_controlled(session, frame):
@@ -497,30 +504,7 @@ class Gateway:
         [flow] rates (geometric decay), and recovers linearly once memory is back under."""
         if not _flow_controlled(conn.session, frame):
             return
-        now = trio.current_time()
-        rate = conn.memory_rate
-        if self._memory_short():
-            if rate is None:
-                flow = self.config.flow
-                rate = conn.memory_rate = RateFlow(
-                    RateSettings(
-                        flow.flow_maximum, flow.flow_minimum, flow.flow_interval_s, flow.flow_steps
-                    )
-                )
-            rate.arm(now)
-        elif rate is None:
-            return
-        else:
-            rate.disarm(now)
-            if rate.rate(now) is None:  # fully recovered
-                conn.memory_rate = None
-                return
-        delay = rate.delay(now)
-        if delay > 0:
-            if conn.session.routes:
-                await self.route(conn.session.routes)  # what came before goes first
-            await trio.sleep(delay)
-        rate.sent(trio.current_time())
+        await self._take_turn(conn, _MEMORY_RATE, self._memory_short(), self.throttle_rate)
 
     def _refuse_stopped(self, conn: _Connection, frame: Frame, stop: Stop) -> None:
         destination = frame.headers.get("destination", "")
