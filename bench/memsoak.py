@@ -50,6 +50,7 @@ from .soak import (
     Phases,
     SoakRun,
     mib,
+    parse_soak_args,
     producer_lines,
     run_and_report,
 )
@@ -500,16 +501,7 @@ def main(argv: list[str] | None = None) -> int:
         default=2,
         help="consumer processes, each subscribed to a share of the destinations (default 2)",
     )
-    parser.add_argument(
-        "--calibrate-seconds",
-        type=float,
-        default=5.0,
-        help="full-speed phase that measures the producers' rate (default 5)",
-    )
-    parser.add_argument("--json", action="store_true", help="print the summary as one JSON line")
-    args = parser.parse_args(argv)
-    if args.minutes <= 0 or args.producers < 1 or args.calibrate_seconds < 1:
-        parser.error("--minutes must be positive, --producers and --calibrate-seconds >= 1")
+    args = parse_soak_args(parser, argv)
     if args.queues < 0 or args.topics < 0 or args.queues + args.topics < 1:
         parser.error("--queues and --topics must not be negative, and not both 0")
     if args.consumers < 1:

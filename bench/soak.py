@@ -260,16 +260,24 @@ _Report = _Ready | ProducerReport | ConsumerReport
 # -- producer ---------------------------------------------------------------------------------
 
 
-def _producer_main(
-    index: int, options: Options, host: str, port: int, token: bytes, shared: _Shared
+def _client_main(
+    role: type[_Producer | _Consumer],
+    index: int,
+    options: Options,
+    host: str,
+    port: int,
+    token: bytes,
+    shared: _Shared,
 ) -> None:
-    producer = _Producer(index, options, host, port, token, shared)
+    """Target of a producer or consumer process: run it, then put its report (with what
+    failed, if anything) on the results queue."""
+    client = role(index, options, host, port, token, shared)
     failure = ""
     try:
-        producer.run()
+        client.run()
     except Exception as exc:
         failure = describe(exc)
-    shared.results.put(producer.report(failure))
+    shared.results.put(client.report(failure))
 
 
 class _Producer:
@@ -488,18 +496,6 @@ class _Producer:
 
 
 # -- consumer ---------------------------------------------------------------------------------
-
-
-def _consumer_main(
-    index: int, options: Options, host: str, port: int, token: bytes, shared: _Shared
-) -> None:
-    consumer = _Consumer(index, options, host, port, token, shared)
-    failure = ""
-    try:
-        consumer.run()
-    except Exception as exc:
-        failure = describe(exc)
-    shared.results.put(consumer.report(failure))
 
 
 class _Consumer:
@@ -1148,7 +1144,9 @@ class SoakRun:
         for index in range(options.consumers):
             suffix = "" if options.consumers == 1 else f"-{index}"
             process = self.ctx.Process(
-                target=_consumer_main, args=(index, *args), name=f"{self.name}-consumer{suffix}"
+                target=_client_main,
+                args=(_Consumer, index, *args),
+                name=f"{self.name}-consumer{suffix}",
             )
             process.start()
             consumers.append(process)
@@ -1156,7 +1154,9 @@ class SoakRun:
         self._wait_for(options.consumers, "ready notices", STARTUP_TIMEOUT_S)
         for index in range(options.producers):
             process = self.ctx.Process(
-                target=_producer_main, args=(index, *args), name=f"{self.name}-producer-{index}"
+                target=_client_main,
+                args=(_Producer, index, *args),
+                name=f"{self.name}-producer-{index}",
             )
             process.start()
             self.processes.append(process)
@@ -1340,16 +1340,7 @@ def main(argv: list[str] | None = None) -> int:
         help="flow.send_timeout_ms of the broker (default 2000)",
     )
     parser.add_argument("--destination", default="/queue/soak", help="default /queue/soak")
-    parser.add_argument(
-        "--calibrate-seconds",
-        type=float,
-        default=5.0,
-        help="full-speed phase that measures the producers' rate (default 5)",
-    )
-    parser.add_argument("--json", action="store_true", help="print the summary as one JSON line")
-    args = parser.parse_args(argv)
-    if args.minutes <= 0 or args.producers < 1 or args.calibrate_seconds < 1:
-        parser.error("--minutes must be positive, --producers and --calibrate-seconds >= 1")
+    args = parse_soak_args(parser, argv)
     if args.size < BODY_HEADER_BYTES:
         parser.error(f"--size must be at least {BODY_HEADER_BYTES}")
     if not args.destination.startswith("/queue/"):
@@ -1365,6 +1356,22 @@ def main(argv: list[str] | None = None) -> int:
     )
     run = SoakRun(options, args.minutes, args.calibrate_seconds)
     return run_and_report(run, format_summary if not args.json else None)
+
+
+def parse_soak_args(parser: argparse.ArgumentParser, argv: list[str] | None) -> argparse.Namespace:
+    """The options both soaks share (after each one's own: --minutes, --producers),
+    parsed and checked."""
+    parser.add_argument(
+        "--calibrate-seconds",
+        type=float,
+        default=5.0,
+        help="full-speed phase that measures the producers' rate (default 5)",
+    )
+    parser.add_argument("--json", action="store_true", help="print the summary as one JSON line")
+    args = parser.parse_args(argv)
+    if args.minutes <= 0 or args.producers < 1 or args.calibrate_seconds < 1:
+        parser.error("--minutes must be positive, --producers and --calibrate-seconds >= 1")
+    return args
 
 
 def run_and_report(run: SoakRun, text: Callable[[dict[str, Any]], str] | None) -> int:
