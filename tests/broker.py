@@ -11,6 +11,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import psutil
@@ -21,28 +22,47 @@ READY = re.compile(r"mpbroker ready on (\S+):(\d+)")
 START_TIMEOUT_S = 60.0
 
 
+def serve_command(data_dir: Path, *args: str, config_path: Path | None = None) -> list[str]:
+    """`mpbroker serve` on free loopback ports (STOMP and admin API), with `args` last."""
+    cmd = [
+        sys.executable,
+        "-m",
+        "mpbroker",
+        "serve",
+        "--port",
+        "0",
+        "--admin-port",
+        "0",
+        "--data-dir",
+        str(data_dir),
+    ]
+    if config_path is not None:
+        cmd += ["--config", str(config_path)]
+    return cmd + list(args)
+
+
+@contextlib.contextmanager
+def stopped_cleanly(proc: BrokerProcess) -> Iterator[BrokerProcess]:
+    """`proc` until the block ends; then SIGTERM, and what every user relies on: exit
+    code 0 and nothing left in /dev/shm."""
+    try:
+        yield proc
+    finally:
+        code = proc.stop()
+        assert code == 0, proc.log_text()[-3000:]
+        assert proc.shm_entries() == [], proc.shm_entries()
+
+
 class BrokerProcess:
     """A broker subprocess; stderr is collected line by line in `lines`."""
 
     def __init__(self, data_dir: Path, *args: str, config: str | None = None) -> None:
         self.data_dir = data_dir
-        cmd = [
-            sys.executable,
-            "-m",
-            "mpbroker",
-            "serve",
-            "--port",
-            "0",
-            "--admin-port",
-            "0",
-            "--data-dir",
-            str(data_dir),
-        ]
+        config_path = None
         if config is not None:
-            path = data_dir.parent / f"{data_dir.name}.toml"
-            path.write_text(config)
-            cmd += ["--config", str(path)]
-        cmd += list(args)
+            config_path = data_dir.parent / f"{data_dir.name}.toml"
+            config_path.write_text(config)
+        cmd = serve_command(data_dir, *args, config_path=config_path)
         self.proc = subprocess.Popen(
             cmd,
             stderr=subprocess.PIPE,

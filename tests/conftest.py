@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, settings
 
-from tests.broker import BrokerProcess, RawClient
+from tests.broker import BrokerProcess, RawClient, stopped_cleanly
 
 # The test machines are shared and noisy: a property test must never fail because one
 # example happened to be slow to run or to generate.
@@ -20,13 +20,8 @@ def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrokerProcess]:
 
     Teardown checks what every user relies on: exit code 0 and nothing left in /dev/shm.
     """
-    proc = BrokerProcess(tmp_path_factory.mktemp("data"), "--gateways", "2")
-    try:
+    with stopped_cleanly(BrokerProcess(tmp_path_factory.mktemp("data"), "--gateways", "2")) as proc:
         yield proc
-    finally:
-        code = proc.stop()
-        assert code == 0, proc.log_text()[-3000:]
-        assert proc.shm_entries() == [], proc.shm_entries()
 
 
 @pytest.fixture

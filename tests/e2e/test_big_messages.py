@@ -9,7 +9,7 @@ from collections.abc import Callable, Iterator
 import pytest
 
 from mpbroker.stomp import SERVER_COMMANDS, FrameLimits, FrameParser
-from tests.broker import BrokerProcess, RawClient
+from tests.broker import BrokerProcess, RawClient, stopped_cleanly
 
 MiB = 1 << 20
 RING_BYTES = 64 * 1024
@@ -25,12 +25,8 @@ max_frame_bytes = {4 * MiB}
 @pytest.fixture(scope="module")
 def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrokerProcess]:
     proc = BrokerProcess(tmp_path_factory.mktemp("data"), "--gateways", "2", config=CONFIG)
-    try:
+    with stopped_cleanly(proc):
         yield proc
-    finally:
-        code = proc.stop()
-        assert code == 0, proc.log_text()[-3000:]
-        assert proc.shm_entries() == [], proc.shm_entries()
 
 
 @pytest.fixture

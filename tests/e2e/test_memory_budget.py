@@ -5,14 +5,13 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from mpbroker.wizard import WizardInputs, derive
-from tests.broker import BrokerProcess, RawClient
+from tests.broker import BrokerProcess, RawClient, serve_command
 
 pytestmark = pytest.mark.slow
 
@@ -23,22 +22,7 @@ def test_a_config_over_max_memory_is_refused_naming_the_modules(tmp_path: Path) 
     config.write_text("[stomp]\nmax_frame_bytes = 16777216\n[rings]\ncapacity_bytes = 33554432\n")
     data = tmp_path / "data"
     proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "mpbroker",
-            "serve",
-            "--port",
-            "0",
-            "--admin-port",
-            "0",
-            "--gateways",
-            "2",
-            "--data-dir",
-            str(data),
-            "--config",
-            str(config),
-        ],
+        serve_command(data, "--gateways", "2", config_path=config),
         stdin=subprocess.DEVNULL,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
