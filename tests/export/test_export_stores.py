@@ -3,6 +3,7 @@ process): counts and outcomes read back from the Parquet files, incremental runs
 
 from __future__ import annotations
 
+import io
 import sys
 from collections import Counter
 from collections.abc import Iterator
@@ -14,7 +15,7 @@ import pytest
 
 from mpbroker.cli import main
 from mpbroker.config import StoreSettings
-from mpbroker.export import MANIFEST_NAME, ExportError, Options, export
+from mpbroker.export import MANIFEST_NAME, ExportError, Options, Progress, export
 from mpbroker.records import Message
 from mpbroker.stores import MessageStore, TopicStore
 
@@ -142,6 +143,30 @@ def test_cli_exports_and_prints_a_summary(
     assert "/queue/a" in text
     assert "total" in text
     assert (out / MANIFEST_NAME).exists()
+
+
+def test_progress_bar_on_a_terminal_only(
+    stores: tuple[Path, MessageStore, TopicStore], tmp_path: Path
+) -> None:
+    data, queues, topics = stores
+    fill(queues, topics, 0, 10)
+
+    class Terminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    terminal = Terminal()
+    progress = Progress(terminal)
+    summary = export(data, tmp_path / "out", Options(), progress)
+    progress.done()
+    last = terminal.getvalue().rstrip("\n").split("\r")[-1]
+    total = summary.files_written + summary.segments_skipped
+    assert last == f"export [{'#' * 30}] {total}/{total} segments, {summary.rows} rows"
+    assert Progress.line(1, 4, 1234) == f"export [{'#' * 7}{'-' * 23}] 1/4 segments, 1,234 rows"
+
+    piped = io.StringIO()  # a log file or a pipe: no carriage-return noise
+    export(data, tmp_path / "out2", Options(), Progress(piped))
+    assert piped.getvalue() == ""
 
 
 def test_not_a_store_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
