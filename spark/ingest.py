@@ -9,14 +9,25 @@ written). The rows are appended to a table partitioned by destination and day (U
 out rows already in it (same store, seq and message id), so re-running adds nothing. The
 reports under ``<output>/_reports/`` are recomputed from the whole table and replaced as a
 whole. The message body is not copied into the table.
+
+A run that was killed is finished by running it again: Spark makes a written file visible in
+the table only by renaming it there, so the table holds whole files of the killed run at
+most, and the anti-join appends exactly the rows still missing. What the killed run left in
+``<output>/_temporary/`` is removed first; Spark's job commit would otherwise merge those
+task outputs into the table a second time (measured: 3,095 duplicate rows after a kill -9
+of a 300,000-row append). One run at a time per table: ``<output>/_ingest.lock`` (flock)
+refuses a second. The table is a local or shared POSIX directory (not an HDFS URI).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import fcntl
+import os
 import shutil
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Final
@@ -31,6 +42,11 @@ __all__ = ["IngestError", "IngestSummary", "check_inputs", "ingest", "main"]
 KEY: Final = ("store", "seq", "message_id")
 PARTITIONS: Final = ("destination", "day")
 REPORTS_DIR: Final = "_reports"
+# The table's row count the reports were computed from (in the reports directory).
+REPORTS_MARKER: Final = "_table_rows"
+LOCK_FILE: Final = "_ingest.lock"
+# Where Spark's file committer stages a write before its job commit renames it into place.
+SPARK_STAGING_DIR: Final = "_temporary"
 # Size histogram buckets: upper bounds in bytes (exclusive); the last bucket is open.
 SIZE_BUCKETS_BYTES: Final = (1024, 4096, 16384, 65536, 262144, 1048576)
 OUTCOME_COLUMNS: Final = ("acked", "expired", "dead-lettered", "unsubscribed", "pending")
@@ -57,9 +73,12 @@ class IngestSummary:
     rows_in_table: int = 0
     destinations: dict[str, tuple[int, int]] = field(default_factory=dict)
     """destination -> (messages, bytes) over the whole table."""
+    leftovers_removed: list[Path] = field(default_factory=list)
+    """What an earlier, killed run left half written (removed before this run wrote)."""
 
     def lines(self) -> list[str]:
         out = [
+            *(f"removed {p}, left by an unfinished earlier run" for p in self.leftovers_removed),
             f"{'destination':<40} {'messages':>10} {'bytes':>14}",
             *(
                 f"{name:<40} {n:>10} {size:>14}"
@@ -109,6 +128,39 @@ def check_inputs(input_dir: Path) -> list[Path]:
     for path in files:
         _check_file(path)
     return files
+
+
+@contextlib.contextmanager
+def table_lock(output: Path) -> Iterator[None]:
+    """Hold ``output``'s ingest lock (created with the directory); IngestError if another
+    run holds it. A second run would share the first one's Spark staging directory."""
+    output.mkdir(parents=True, exist_ok=True)
+    path = output / LOCK_FILE
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
+            raise IngestError(
+                output, f"another ingest into this table is running (pid {holder}, {path})"
+            ) from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        yield
+    finally:
+        os.close(fd)  # releases the lock; the file stays, so its inode is the lock
+
+
+def _remove_unfinished(output: Path) -> list[Path]:
+    """Remove what a killed run left half done: Spark's staging directory and a reports
+    directory not yet swapped in. Called with the table lock held."""
+    leftovers = [
+        p for p in (output / SPARK_STAGING_DIR, output / (REPORTS_DIR + ".tmp")) if p.exists()
+    ]
+    for path in leftovers:
+        shutil.rmtree(path)
+    return leftovers
 
 
 def _table_files(output: Path) -> bool:
@@ -173,45 +225,61 @@ def _reports(table: DataFrame) -> dict[str, DataFrame]:
 
 def ingest(spark: SparkSession, input_dir: Path, output: Path) -> IngestSummary:
     """Check, append the new rows, rewrite the reports; IngestError before any write."""
+    files = check_inputs(input_dir)
+    with table_lock(output):
+        return _ingest_locked(spark, files, output)
+
+
+def _ingest_locked(spark: SparkSession, files: list[Path], output: Path) -> IngestSummary:
     from pyspark.sql import functions as F
 
-    files = check_inputs(input_dir)
-    spark.conf.set("spark.sql.session.timeZone", "UTC")  # days and minutes are UTC
     summary = IngestSummary(files=len(files))
+    summary.leftovers_removed = _remove_unfinished(output)
+    spark.conf.set("spark.sql.session.timeZone", "UTC")  # days and minutes are UTC
     rows = (
         spark.read.parquet(*(str(f) for f in files))
         .drop("body")
         .withColumn("day", F.to_date("timestamp"))
         .dropDuplicates(list(KEY))
+        .cache()  # counted, then joined: read and de-duplicated once
     )
+    summary.rows_read = rows.count()
     new = rows
     if _table_files(output):
         existing = spark.read.parquet(str(output)).select(*KEY)
         new = rows.join(existing, on=list(KEY), how="left_anti")
-    new = new.cache()
-    summary.rows_read = rows.count()
     summary.rows_appended = new.count()
     if summary.rows_appended:
         new.write.mode("append").partitionBy(*PARTITIONS).parquet(str(output))
-    new.unpersist()
+    rows.unpersist()
     if not _table_files(output):  # nothing appended to a table that did not exist yet
         return summary
 
     table = spark.read.parquet(str(output))
-    tmp = output / (REPORTS_DIR + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    for name, report in _reports(table).items():
-        report.coalesce(1).write.option("header", True).csv(str(tmp / name))
-    final = output / REPORTS_DIR
-    shutil.rmtree(final, ignore_errors=True)
-    tmp.rename(final)
-
     for row in (
         table.groupBy("destination").agg(F.count("*").alias("n"), F.sum("size_bytes").alias("b"))
     ).collect():
         summary.destinations[row["destination"]] = (int(row["n"]), int(row["b"]))
     summary.rows_in_table = sum(n for n, _ in summary.destinations.values())
+    _write_reports(table, output, summary.rows_in_table)
     return summary
+
+
+def _write_reports(table: DataFrame, output: Path, rows_in_table: int) -> None:
+    """Recompute the reports over the whole table and swap them in whole, unless the ones
+    there were computed over this very table: it only ever grows, so the same row count is
+    the same table (a re-run that appended nothing rewrites nothing)."""
+    final = output / REPORTS_DIR
+    marker = final / REPORTS_MARKER
+    if marker.is_file() and marker.read_text().strip() == str(rows_in_table):
+        return
+    tmp = output / (REPORTS_DIR + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    for name, report in _reports(table).items():
+        report.coalesce(1).write.option("header", True).csv(str(tmp / name))
+    (tmp / REPORTS_MARKER).write_text(f"{rows_in_table}\n")
+    shutil.rmtree(final, ignore_errors=True)
+    tmp.rename(final)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -225,13 +293,37 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--master", default=None, help="Spark master (default: spark-submit's, else local[*])"
     )
+    parser.add_argument(
+        "--chart",
+        metavar="PNG",
+        type=Path,
+        default=None,
+        help="also draw the reports as a chart image (as python -m spark.chart does)",
+    )
     args = parser.parse_args(argv)
     try:
-        check_inputs(args.input)  # before Spark starts: a bad file costs no JVM
+        files = check_inputs(args.input)  # before Spark starts: a bad file costs no JVM
+        with table_lock(args.output):
+            summary = _run_spark(args.master, files, args.output)
     except IngestError as exc:
         print(exc, file=sys.stderr)
         return 2
+    print("\n".join(summary.lines()))
+    if args.chart is not None and summary.rows_in_table:
+        try:
+            from spark.chart import ChartError, write_chart
+        except ImportError:  # spark-submit spark/ingest.py: the script's directory is on the path
+            from chart import ChartError, write_chart  # type: ignore[import-not-found,no-redef]
 
+        try:
+            print(f"chart: {write_chart(args.output, args.chart)}")
+        except ChartError as exc:
+            print(f"{exc} (the table and its reports are written)", file=sys.stderr)
+            return 2
+    return 0
+
+
+def _run_spark(master: str | None, files: list[Path], output: Path) -> IngestSummary:
     from pyspark.sql import SparkSession
 
     builder = (
@@ -239,20 +331,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         .config("spark.sql.session.timeZone", "UTC")
         .config("spark.ui.showConsoleProgress", "false")
     )
-    if args.master is not None:
-        builder = builder.master(args.master)
+    if master is not None:
+        builder = builder.master(master)
     elif "pyspark.shell" not in sys.modules and not _under_spark_submit():
         builder = builder.master("local[*]")
     spark = builder.getOrCreate()
     try:
-        summary = ingest(spark, args.input, args.output)
-    except IngestError as exc:
-        print(exc, file=sys.stderr)
-        return 2
+        return _ingest_locked(spark, files, output)
     finally:
         spark.stop()
-    print("\n".join(summary.lines()))
-    return 0
 
 
 def _under_spark_submit() -> bool:

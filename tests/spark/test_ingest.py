@@ -1,12 +1,16 @@
 """The Spark ingest job in local mode over an export of real store files (no broker
-process): exact counts per destination and outcome, re-runs add nothing, refusals."""
+process): exact counts per destination and outcome, re-runs add nothing, a killed run is
+finished by the next, refusals."""
 
 from __future__ import annotations
 
 import csv
-import gc
+import os
+import signal
+import subprocess
+import sys
+import time
 from collections import Counter
-from collections.abc import Iterator
 from pathlib import Path
 
 import pyarrow as pa
@@ -16,35 +20,11 @@ from pyspark.sql import SparkSession
 
 from mpbroker.export import Options, export
 from mpbroker.stores import MessageStore, TopicStore
-from spark.ingest import ingest, main
+from spark.ingest import ingest, main, table_lock
 from tests.export.test_export_stores import SETTINGS, fill
+from tests.spark.conftest import PY4J_SOCKETS
 
-pytestmark = [
-    pytest.mark.slow,
-    # py4j leaves its gateway sockets to the garbage collector (ResourceWarning); the
-    # fixture collects them before the module ends, so they are reported here and nowhere else.
-    pytest.mark.filterwarnings(
-        "ignore:Exception ignored in. <socket.socket:pytest.PytestUnraisableExceptionWarning"
-    ),
-]
-
-
-@pytest.fixture(scope="module")
-def spark() -> Iterator[SparkSession]:
-    session = (
-        SparkSession.builder.master("local[2]")
-        .appName("mpbroker-ingest-tests")
-        .config("spark.ui.enabled", "false")
-        .config("spark.sql.shuffle.partitions", "2")
-        .config("spark.sql.session.timeZone", "UTC")
-        .getOrCreate()
-    )
-    session.sparkContext.setLogLevel("ERROR")
-    try:
-        yield session
-    finally:
-        session.stop()
-        gc.collect()
+pytestmark = [pytest.mark.slow, PY4J_SOCKETS]
 
 
 def make_export(tmp_path: Path) -> Path:
@@ -86,6 +66,10 @@ def read_report(table: Path, name: str) -> list[dict[str, str]]:
         return list(csv.DictReader(fh))
 
 
+def report_parts(table: Path) -> set[str]:
+    return {p.name for p in (table / "_reports").rglob("part-*.csv")}
+
+
 def test_ingest_counts_reports_and_rerun(spark: SparkSession, tmp_path: Path) -> None:
     out = make_export(tmp_path)
     table = tmp_path / "table"
@@ -109,6 +93,7 @@ def test_ingest_counts_reports_and_rerun(spark: SparkSession, tmp_path: Path) ->
     assert all(990_000 <= int(r["latency_p50_ms"]) <= 1_000_000 for r in queue_a)
     queue_b = [r for r in per_minute if r["destination"] == "/queue/b"]
     assert all(r["latency_p50_ms"] == "" for r in queue_b)  # none acked: no latency
+    report_parts_before = report_parts(table)
     sizes = read_report(table, "sizes")
     assert sum(int(r["messages"]) for r in sizes) == 120
     assert {r["size_bucket"] for r in sizes} == {"<1024"}
@@ -116,6 +101,15 @@ def test_ingest_counts_reports_and_rerun(spark: SparkSession, tmp_path: Path) ->
     again = ingest(spark, out, table)
     assert (again.rows_read, again.rows_appended, again.rows_in_table) == (120, 0, 120)
     assert table_counts(spark, table) == EXPECTED
+    # The same table: its reports are not written again (Spark names each part file anew).
+    assert report_parts(table) == report_parts_before
+
+    # Reports computed over fewer rows (a run killed after appending, before swapping in
+    # its reports) are recomputed, though nothing new is appended.
+    (table / "_reports" / "_table_rows").write_text("100\n")
+    ingest(spark, out, table)
+    assert report_parts(table).isdisjoint(report_parts_before)
+    assert (table / "_reports" / "_table_rows").read_text() == "120\n"
 
 
 def test_foreign_file_is_refused_naming_it(
@@ -151,3 +145,57 @@ def test_damaged_file_and_unknown_version_are_refused(
     assert main(["--input", str(out), "--output", str(table)]) == 2
     assert str(damaged) in capsys.readouterr().err
     assert not table.exists()
+
+
+def kill_during_write(export_dir: Path, table: Path) -> None:
+    """Run the job in a child process and kill -9 it (and its JVM) once at least one Spark
+    task has committed its output, before the job commit: the state a crash leaves."""
+    # Many small tasks without adaptive coalescing: a long window in which some tasks have
+    # committed and others not.
+    env = dict(
+        os.environ,
+        PYSPARK_SUBMIT_ARGS="--conf spark.sql.adaptive.enabled=false"
+        " --conf spark.sql.shuffle.partitions=32 --conf spark.ui.enabled=false pyspark-shell",
+    )
+    child = subprocess.Popen(
+        [sys.executable, "-m", "spark.ingest", "--input", str(export_dir), "--output", str(table)],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,  # its JVM is in its process group: one killpg ends both
+    )
+    staging = table / "_temporary" / "0"
+    deadline = time.monotonic() + 90
+    try:
+        while not (staging.is_dir() and any(p.name.startswith("task_") for p in staging.iterdir())):
+            assert child.poll() is None, "the job ended before a task committed"
+            assert time.monotonic() < deadline, "no task committed within 90 s"
+            time.sleep(0.005)
+    finally:
+        os.killpg(child.pid, signal.SIGKILL)
+        child.wait()
+    assert not (table / "_SUCCESS").exists()
+
+
+def test_a_killed_run_is_finished_by_the_next(spark: SparkSession, tmp_path: Path) -> None:
+    out = make_export(tmp_path)
+    table = tmp_path / "table"
+    kill_during_write(out, table)
+
+    summary = ingest(spark, out, table)
+    assert summary.leftovers_removed == [table / "_temporary"]
+    assert summary.rows_in_table == 120
+    assert table_counts(spark, table) == EXPECTED  # no row twice, none missing
+    assert not (table / "_temporary").exists()
+
+
+def test_a_second_run_into_the_same_table_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = make_export(tmp_path)
+    table = tmp_path / "table"
+    with table_lock(table):  # as if another run were writing
+        assert main(["--input", str(out), "--output", str(table)]) == 2
+    err = capsys.readouterr().err
+    assert f"pid {os.getpid()}" in err and str(table) in err
+    assert not any(table.rglob("*.parquet"))
