@@ -6,9 +6,12 @@
 Every input file is checked first (a damaged or foreign Parquet file, or a schema version
 this job does not know, is refused naming the file, exit code 2, before anything is
 written). The rows are appended to a table partitioned by destination and day (UTC), leaving
-out rows already in it (same store, seq and message id), so re-running adds nothing. The
-reports under ``<output>/_reports/`` are recomputed from the whole table and replaced as a
-whole. The message body is not copied into the table.
+out rows already in it (same store, seq and message id), so re-running adds nothing. Files
+ingested before (``<output>/_ingested.json``: path and size) are not read again, so a run
+costs what the new files cost, not the whole history of an incrementally exported directory;
+delete that file to have every file read again (the anti-join still adds nothing twice). The
+reports under ``<output>/_reports/`` are recomputed from the whole table when it changed and
+replaced as a whole. The message body is not copied into the table.
 
 A run that was killed is finished by running it again: Spark makes a written file visible in
 the table only by renaming it there, so the table holds whole files of the killed run at
@@ -24,6 +27,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import fcntl
+import json
 import os
 import shutil
 import sys
@@ -45,6 +49,10 @@ REPORTS_DIR: Final = "_reports"
 # The table's row count the reports were computed from (in the reports directory).
 REPORTS_MARKER: Final = "_table_rows"
 LOCK_FILE: Final = "_ingest.lock"
+# Export files already appended (absolute path -> size), so that a run reads only new ones:
+# an export directory only gains files, and re-reading its whole history every run would
+# make each ingest cost as much as all before it.
+INGEST_LOG: Final = "_ingested.json"
 # Where Spark's file committer stages a write before its job commit renames it into place.
 SPARK_STAGING_DIR: Final = "_temporary"
 # Size histogram buckets: upper bounds in bytes (exclusive); the last bucket is open.
@@ -68,6 +76,8 @@ class IngestError(Exception):
 @dataclass
 class IngestSummary:
     files: int = 0
+    files_read: int = 0
+    """Files not ingested before (the others are in the table's ingest log)."""
     rows_read: int = 0
     rows_appended: int = 0
     rows_in_table: int = 0
@@ -75,16 +85,19 @@ class IngestSummary:
     """destination -> (messages, bytes) over the whole table."""
     leftovers_removed: list[Path] = field(default_factory=list)
     """What an earlier, killed run left half written (removed before this run wrote)."""
+    warnings: list[str] = field(default_factory=list)
 
     def lines(self) -> list[str]:
         out = [
             *(f"removed {p}, left by an unfinished earlier run" for p in self.leftovers_removed),
+            *self.warnings,
             f"{'destination':<40} {'messages':>10} {'bytes':>14}",
             *(
                 f"{name:<40} {n:>10} {size:>14}"
                 for name, (n, size) in sorted(self.destinations.items())
             ),
-            f"{self.files} files, {self.rows_read} rows read, {self.rows_appended} appended"
+            f"{self.files} files ({self.files - self.files_read} ingested before),"
+            f" {self.rows_read} rows read, {self.rows_appended} appended"
             f" ({self.rows_read - self.rows_appended} already in the table),"
             f" {self.rows_in_table} rows in the table",
         ]
@@ -155,12 +168,37 @@ def table_lock(output: Path) -> Iterator[None]:
 def _remove_unfinished(output: Path) -> list[Path]:
     """Remove what a killed run left half done: Spark's staging directory and a reports
     directory not yet swapped in. Called with the table lock held."""
-    leftovers = [
-        p for p in (output / SPARK_STAGING_DIR, output / (REPORTS_DIR + ".tmp")) if p.exists()
-    ]
+    candidates = (SPARK_STAGING_DIR, REPORTS_DIR + ".tmp", INGEST_LOG + ".tmp")
+    leftovers = [output / name for name in candidates if (output / name).exists()]
     for path in leftovers:
-        shutil.rmtree(path)
+        if path.is_dir():
+            shutil.rmtree(path)
+        else:
+            path.unlink()
     return leftovers
+
+
+def _read_log(output: Path) -> tuple[dict[str, int], str | None]:
+    """The ingest log, and a warning when it had to be ignored (every file is read again,
+    which the anti-join makes safe)."""
+    path = output / INGEST_LOG
+    try:
+        data = json.loads(path.read_text())
+        files = data["files"]
+        if data.get("version") != 1 or not isinstance(files, dict):
+            raise ValueError("unknown layout")
+        return {str(k): int(v) for k, v in files.items()}, None
+    except FileNotFoundError:
+        return {}, None
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        return {}, f"ignored {path} ({exc}): every input file is read again"
+
+
+def _write_log(output: Path, files: dict[str, int]) -> None:
+    path = output / INGEST_LOG
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps({"version": 1, "files": files}, indent=0, sort_keys=True))
+    os.replace(tmp, path)
 
 
 def _table_files(output: Path) -> bool:
@@ -236,22 +274,31 @@ def _ingest_locked(spark: SparkSession, files: list[Path], output: Path) -> Inge
     summary = IngestSummary(files=len(files))
     summary.leftovers_removed = _remove_unfinished(output)
     spark.conf.set("spark.sql.session.timeZone", "UTC")  # days and minutes are UTC
-    rows = (
-        spark.read.parquet(*(str(f) for f in files))
-        .drop("body")
-        .withColumn("day", F.to_date("timestamp"))
-        .dropDuplicates(list(KEY))
-        .cache()  # counted, then joined: read and de-duplicated once
-    )
-    summary.rows_read = rows.count()
-    new = rows
-    if _table_files(output):
-        existing = spark.read.parquet(str(output)).select(*KEY)
-        new = rows.join(existing, on=list(KEY), how="left_anti")
-    summary.rows_appended = new.count()
-    if summary.rows_appended:
-        new.write.mode("append").partitionBy(*PARTITIONS).parquet(str(output))
-    rows.unpersist()
+    log, warning = _read_log(output)
+    if warning is not None:
+        summary.warnings.append(warning)
+    seen = {f: (str(f.resolve()), f.stat().st_size) for f in files}
+    todo = [f for f, (name, size) in seen.items() if log.get(name) != size]
+    summary.files_read = len(todo)
+    if todo:
+        rows = (
+            spark.read.parquet(*(str(f) for f in todo))
+            .drop("body")
+            .withColumn("day", F.to_date("timestamp"))
+            .dropDuplicates(list(KEY))
+            .cache()  # counted, then joined: read and de-duplicated once
+        )
+        summary.rows_read = rows.count()
+        new = rows
+        if _table_files(output):
+            existing = spark.read.parquet(str(output)).select(*KEY)
+            new = rows.join(existing, on=list(KEY), how="left_anti")
+        summary.rows_appended = new.count()
+        if summary.rows_appended:
+            new.write.mode("append").partitionBy(*PARTITIONS).parquet(str(output))
+        rows.unpersist()
+        # Only after the append committed: a run killed before this reads them again.
+        _write_log(output, log | dict(seen.values()))
     if not _table_files(output):  # nothing appended to a table that did not exist yet
         return summary
 

@@ -98,11 +98,19 @@ def test_ingest_counts_reports_and_rerun(spark: SparkSession, tmp_path: Path) ->
     assert sum(int(r["messages"]) for r in sizes) == 120
     assert {r["size_bucket"] for r in sizes} == {"<1024"}
 
-    again = ingest(spark, out, table)
-    assert (again.rows_read, again.rows_appended, again.rows_in_table) == (120, 0, 120)
+    again = ingest(spark, out, table)  # every file ingested before: none is read
+    assert (again.files, again.files_read, again.rows_read) == (first.files, 0, 0)
+    assert (again.rows_appended, again.rows_in_table) == (0, 120)
     assert table_counts(spark, table) == EXPECTED
     # The same table: its reports are not written again (Spark names each part file anew).
     assert report_parts(table) == report_parts_before
+
+    # Without the ingest log every file is read again, and the anti-join adds nothing.
+    (table / "_ingested.json").write_text("{damaged")
+    again = ingest(spark, out, table)
+    assert (again.files_read, again.rows_read, again.rows_appended) == (first.files, 120, 0)
+    assert "every input file is read again" in "\n".join(again.lines())
+    assert table_counts(spark, table) == EXPECTED
 
     # Reports computed over fewer rows (a run killed after appending, before swapping in
     # its reports) are recomputed, though nothing new is appended.
@@ -110,6 +118,32 @@ def test_ingest_counts_reports_and_rerun(spark: SparkSession, tmp_path: Path) ->
     ingest(spark, out, table)
     assert report_parts(table).isdisjoint(report_parts_before)
     assert (table / "_reports" / "_table_rows").read_text() == "120\n"
+
+
+def test_an_incremental_export_is_ingested_incrementally(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    out = make_export(tmp_path)
+    table = tmp_path / "table"
+    first = ingest(spark, out, table)
+    data = tmp_path / "data"
+    queues = MessageStore.open(data / "p2p-0", SETTINGS)
+    topics = TopicStore(data / "pubsub-0", data / "pubsub-0-durable.db", SETTINGS)
+    try:
+        topics.recover(0)
+        fill(queues, topics, 100, 4)  # 12 more rows, in the active segments
+    finally:
+        queues.close()
+        topics.close()
+    added = export(data, out, Options())
+    assert added.rows == 12
+
+    second = ingest(spark, out, table)
+    # Only the new files are read: the export directory's history is not read again.
+    assert second.files == first.files + added.files_written
+    assert second.files_read == added.files_written
+    assert (second.rows_read, second.rows_appended, second.rows_in_table) == (12, 12, 132)
+    assert sum(table_counts(spark, table).values()) == 132
 
 
 def test_foreign_file_is_refused_naming_it(
