@@ -37,6 +37,15 @@ __all__ = [
 ]
 
 _STORE_RE: Final = re.compile(r"^(p2p|pubsub)-(\d+)$")
+# The export's reads (bench.exportrate's baseline runs the same ones without converting).
+SETTLEMENTS_SQL: Final = "SELECT seq, outcome, at_ms FROM settlements"
+DELIVERIES_SQL: Final = "SELECT seq, count FROM deliveries"
+SEALED_SQL: Final = "SELECT value FROM meta WHERE key = 'sealed'"
+MESSAGES_SQL: Final = (
+    "SELECT seq, message_id, destination, headers, body, timestamp_ms, priority, expires_ms,"
+    " size, encoding FROM messages WHERE seq > ? ORDER BY seq"
+)
+PENDING_SQL: Final = "SELECT seq, COUNT(*) FROM pending WHERE seq BETWEEN ? AND ? GROUP BY seq"
 _decode_headers = msgspec.msgpack.Decoder(dict[str, str]).decode
 
 
@@ -163,12 +172,10 @@ def read_outcomes(
             continue
         try:
             with open_segment(path) as conn:
-                for seq, outcome, at_ms in conn.execute(
-                    "SELECT seq, outcome, at_ms FROM settlements"
-                ):
+                for seq, outcome, at_ms in conn.execute(SETTLEMENTS_SQL):
                     # Ack compaction copies rows forward unchanged: the first one is as good.
                     settlements.setdefault(seq, (outcome, at_ms))
-                deliveries.update(conn.execute("SELECT seq, count FROM deliveries"))
+                deliveries.update(conn.execute(DELIVERIES_SQL))
         except sqlite3.Error as exc:
             raise ExportError(seg.path, f"cannot read: {exc}") from exc
     return settlements, deliveries
@@ -185,13 +192,8 @@ def read_segment(seg: SegmentFile, after: int) -> SegmentSnapshot | None:
         with open_segment(path) as conn:
             conn.execute("BEGIN")
             try:
-                sealed_row = conn.execute("SELECT value FROM meta WHERE key = 'sealed'").fetchone()
-                rows = conn.execute(
-                    "SELECT seq, message_id, destination, headers, body, timestamp_ms,"
-                    " priority, expires_ms, size, encoding FROM messages WHERE seq > ?"
-                    " ORDER BY seq",
-                    (after,),
-                ).fetchall()
+                sealed_row = conn.execute(SEALED_SQL).fetchone()
+                rows = conn.execute(MESSAGES_SQL, (after,)).fetchall()
             finally:
                 conn.execute("COMMIT")
     except sqlite3.Error as exc:
@@ -216,12 +218,7 @@ def pending_counts(registry: Path | None, first: int, last: int) -> dict[int, in
         return {}
     conn = _connect(registry)
     try:
-        return dict(
-            conn.execute(
-                "SELECT seq, COUNT(*) FROM pending WHERE seq BETWEEN ? AND ? GROUP BY seq",
-                (first, last),
-            ).fetchall()
-        )
+        return dict(conn.execute(PENDING_SQL, (first, last)).fetchall())
     except sqlite3.Error as exc:
         raise ExportError(registry, f"cannot read the durable registry: {exc}") from exc
     finally:
