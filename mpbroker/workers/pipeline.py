@@ -11,10 +11,8 @@ import dataclasses
 import itertools
 import logging
 import os
-import signal
 import time
 from collections.abc import Callable
-from types import FrameType
 
 from mpbroker import records
 from mpbroker.clock import epoch_ms
@@ -59,6 +57,7 @@ from mpbroker.shm import (
 from mpbroker.stores import MessageStore, TopicStore
 
 from . import _stats
+from ._bootstrap import StopOnSignal
 from ._gc import LevelGC
 from ._layout import WorkerSpec, durable_registry, store_directory, temp_directory
 from ._outlet import Outlet
@@ -100,14 +99,6 @@ def _live_marks(config: Config) -> Callable[[str], Watermark]:
         return Watermark(table.live_msg_high, table.live_msg_low)
 
     return mark_for
-
-
-class _Stop(Exception):
-    pass
-
-
-def _on_signal(signum: int, frame: FrameType | None) -> None:
-    raise _Stop
 
 
 class Pipeline:
@@ -475,7 +466,8 @@ class Pipeline:
         """A ring was full: records wait for a slow or restarting reader."""
         return any(self.outlets) or bool(self.replay_outlet)
 
-    def run(self) -> None:
+    def run(self, stop: StopOnSignal) -> None:
+        """Serve until `stop` is asked for (a signal) or the supervisor is gone."""
         self._configure_windows(self.spec.config)
         park_timeout = self.spec.config.rings.park_timeout_ms / 1000
         parent = os.getppid()
@@ -492,7 +484,7 @@ class Pipeline:
         self.slot.incarnation = self.spec.incarnation
         self.slot.beat()  # before READY: the supervisor judges ready workers by it
         self.slot.state = STATE_READY
-        while True:
+        while not stop.requested:
             busy = self.step()
             self.slot.beat()
             self.slot.set_counter(COUNTER_RECEIVED, self.engine.received)
@@ -602,12 +594,10 @@ class Pipeline:
 
 
 def run_pipeline(spec: WorkerSpec) -> None:
-    signal.signal(signal.SIGTERM, _on_signal)
-    signal.signal(signal.SIGINT, _on_signal)
+    stop = StopOnSignal()
     pipeline = Pipeline(spec)
+    stop.wake(pipeline.doorbell)
     try:
-        pipeline.run()
-    except _Stop:
-        log.debug("stopping on signal")
+        pipeline.run(stop)
     finally:
         pipeline.close()

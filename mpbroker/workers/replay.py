@@ -17,8 +17,6 @@ from __future__ import annotations
 import logging
 import math
 import os
-import signal
-from types import FrameType
 
 from mpbroker import records
 from mpbroker.clock import epoch_ms
@@ -28,6 +26,7 @@ from mpbroker.shm import STATE_READY, ControlBlock, Doorbell, Ring, RingReader, 
 from mpbroker.stores import StoreError, TopicStoreReader
 
 from . import _stats
+from ._bootstrap import StopOnSignal
 from ._gc import LevelGC
 from ._layout import WorkerSpec, durable_registry, store_directory
 from ._outlet import Outlet
@@ -38,14 +37,6 @@ log = logging.getLogger("mpbroker.replay")
 
 COUNTER_BATCHES = 0
 COUNTER_MESSAGES = 1
-
-
-class _Stop(Exception):
-    pass
-
-
-def _on_signal(signum: int, frame: FrameType | None) -> None:
-    raise _Stop
 
 
 class ReplayWorker:
@@ -193,7 +184,8 @@ class ReplayWorker:
         for outlet in self.outlets.values():
             outlet.flush()
 
-    def run(self) -> None:
+    def run(self, stop: StopOnSignal) -> None:
+        """Serve until `stop` is asked for (a signal) or the supervisor is gone."""
         park_timeout = self.spec.config.rings.park_timeout_ms / 1000
         parent = os.getppid()
         self.announce()
@@ -202,7 +194,7 @@ class ReplayWorker:
         self.slot.beat()
         self.slot.state = STATE_READY
         readers = [reader for _, reader in self.readers]
-        while True:
+        while not stop.requested:
             busy = self.step()
             self.slot.beat()
             self.slot.set_counter(COUNTER_BATCHES, self.batches)
@@ -231,12 +223,10 @@ class ReplayWorker:
 
 
 def run_replay(spec: WorkerSpec) -> None:
-    signal.signal(signal.SIGTERM, _on_signal)
-    signal.signal(signal.SIGINT, _on_signal)
+    stop = StopOnSignal()
     worker = ReplayWorker(spec)
+    stop.wake(worker.doorbell)
     try:
-        worker.run()
-    except _Stop:
-        log.debug("stopping on signal")
+        worker.run(stop)
     finally:
         worker.close()
