@@ -285,18 +285,20 @@ def _ingest_locked(spark: SparkSession, files: list[Path], output: Path) -> Inge
             spark.read.parquet(*(str(f) for f in todo))
             .drop("body")
             .withColumn("day", F.to_date("timestamp"))
-            .dropDuplicates(list(KEY))
-            .cache()  # counted, then joined: read and de-duplicated once
         )
-        summary.rows_read = rows.count()
-        new = rows
-        if _table_files(output):
+        # An export holds each row once, so de-duplicating whole rows (a shuffle of every
+        # column) is only needed when the input overlaps itself (say, two exports of one data
+        # directory under --input); counting distinct keys finds out for a shuffle of keys.
+        summary.rows_read = rows.select(*KEY).distinct().count()
+        if summary.rows_read != rows.count():
+            rows = rows.dropDuplicates(list(KEY))
+        before = _table_rows(spark, output)
+        if before:
             existing = spark.read.parquet(str(output)).select(*KEY)
-            new = rows.join(existing, on=list(KEY), how="left_anti")
-        summary.rows_appended = new.count()
-        if summary.rows_appended:
-            new.write.mode("append").partitionBy(*PARTITIONS).parquet(str(output))
-        rows.unpersist()
+            rows = rows.join(existing, on=list(KEY), how="left_anti")
+        rows.write.mode("append").partitionBy(*PARTITIONS).parquet(str(output))
+        # The lock keeps other writers out: what the table gained is what this run appended.
+        summary.rows_appended = _table_rows(spark, output) - before
         # Only after the append committed: a run killed before this reads them again.
         _write_log(output, log | dict(seen.values()))
     if not _table_files(output):  # nothing appended to a table that did not exist yet
@@ -310,6 +312,11 @@ def _ingest_locked(spark: SparkSession, files: list[Path], output: Path) -> Inge
     summary.rows_in_table = sum(n for n, _ in summary.destinations.values())
     _write_reports(table, output, summary.rows_in_table)
     return summary
+
+
+def _table_rows(spark: SparkSession, output: Path) -> int:
+    """Rows in the table (from the Parquet footers), 0 when it has no files yet."""
+    return spark.read.parquet(str(output)).count() if _table_files(output) else 0
 
 
 def _write_reports(table: DataFrame, output: Path, rows_in_table: int) -> None:

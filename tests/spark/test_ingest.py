@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import csv
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -144,6 +145,18 @@ def test_an_incremental_export_is_ingested_incrementally(
     assert second.files_read == added.files_written
     assert (second.rows_read, second.rows_appended, second.rows_in_table) == (12, 12, 132)
     assert sum(table_counts(spark, table).values()) == 132
+
+
+def test_an_input_that_overlaps_itself_is_ingested_once(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    out = make_export(tmp_path)
+    both = tmp_path / "both"  # two exports of one data directory under one --input
+    shutil.copytree(out, both / "first")
+    shutil.copytree(out, both / "second")
+    summary = ingest(spark, both, tmp_path / "table")
+    assert (summary.rows_read, summary.rows_appended, summary.rows_in_table) == (120, 120, 120)
+    assert table_counts(spark, tmp_path / "table") == EXPECTED
 
 
 def test_foreign_file_is_refused_naming_it(
