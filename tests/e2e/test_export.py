@@ -26,6 +26,16 @@ CONFIG = "[queues]\nexpiry_scan_interval_s = 0.2\n"
 DURABLE = {"activemq.subscriptionName": "sub1", "ack": "client-individual"}
 
 
+def register_durable(client: RawClient, topic: str) -> None:
+    """Subscribe durably (client-id app, subscription sub1) and leave: from now on the topic
+    keeps a backlog for it."""
+    client.connect(**{"client-id": "app"})
+    client.send("SUBSCRIBE", {"destination": topic, "id": "d", "receipt": "d", **DURABLE})
+    assert client.recv().headers["receipt-id"] == "d"
+    client.send("DISCONNECT", {"receipt": "bye"})
+    assert client.recv().command == "RECEIPT"
+
+
 def send_all(client: RawClient, destination: str, headers: list[dict[str, str]]) -> None:
     for n, extra in enumerate(headers):
         client.send(
@@ -76,12 +86,7 @@ def test_export_while_running_after_stopping_and_incrementally(
     start_broker: type[BrokerProcess], raw: RawFactory, tmp_path: Path
 ) -> None:
     broker = start_broker("--gateways", "1", config=CONFIG)
-    durable = raw(broker)
-    durable.connect(**{"client-id": "app"})
-    durable.send("SUBSCRIBE", {"destination": "/topic/ex", "id": "d", "receipt": "d", **DURABLE})
-    assert durable.recv().headers["receipt-id"] == "d"
-    durable.send("DISCONNECT", {"receipt": "bye"})
-    assert durable.recv().command == "RECEIPT"
+    register_durable(raw(broker), "/topic/ex")
 
     producer = raw(broker)
     producer.connect()

@@ -22,7 +22,7 @@ from mpbroker.cli import main as mpbroker_main
 from mpbroker.export import Options, export
 from spark.ingest import ingest
 from tests.broker import BrokerProcess, RawClient
-from tests.e2e.test_export import DURABLE, consume_and_ack, send_all
+from tests.e2e.test_export import consume_and_ack, register_durable, send_all
 from tests.spark.conftest import PY4J_SOCKETS
 
 RawFactory = Callable[[BrokerProcess], RawClient]
@@ -80,12 +80,7 @@ def test_broker_to_spark_table(
     start_broker: type[BrokerProcess], raw: RawFactory, spark: SparkSession, tmp_path: Path
 ) -> None:
     broker = start_broker("--gateways", "1", config=CONFIG)
-    durable = raw(broker)
-    durable.connect(**{"client-id": "app"})
-    durable.send("SUBSCRIBE", {"destination": "/topic/e2e", "id": "d", "receipt": "d", **DURABLE})
-    assert durable.recv().headers["receipt-id"] == "d"
-    durable.send("DISCONNECT", {"receipt": "bye"})
-    assert durable.recv().command == "RECEIPT"
+    register_durable(raw(broker), "/topic/e2e")
 
     # Each outcome in a phase of its own, so that every delivery is settled as planned
     # (a message delivered beyond what a consumer settles would come back redelivered,
