@@ -159,6 +159,30 @@ def test_an_input_that_overlaps_itself_is_ingested_once(
     assert table_counts(spark, tmp_path / "table") == EXPECTED
 
 
+def test_spark_submit_runs_the_job_as_a_script(spark: SparkSession, tmp_path: Path) -> None:
+    """As on a cluster: `spark-submit spark/ingest.py`, from another directory (the `spark`
+    package is not importable there; the job and its chart import as plain scripts)."""
+    out = make_export(tmp_path)
+    table = tmp_path / "table"
+    chart = tmp_path / "report.png"
+    script = Path(__file__).resolve().parents[2] / "spark" / "ingest.py"
+    submit = Path(sys.executable).parent / "spark-submit"
+    spark_options = ["--master", "local[2]", "--conf", "spark.ui.enabled=false"]
+    job_options = ["--input", str(out), "--output", str(table), "--chart", str(chart)]
+    job = subprocess.run(
+        [str(submit), *spark_options, str(script), *job_options],
+        cwd=tmp_path,
+        env=dict(os.environ, PYSPARK_PYTHON=sys.executable),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert job.returncode == 0, job.stderr[-3000:]
+    assert "120 rows read, 120 appended" in job.stdout
+    assert table_counts(spark, table) == EXPECTED
+    assert chart.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
 def test_foreign_file_is_refused_naming_it(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
