@@ -183,7 +183,7 @@ def export(
                 if after is None:
                     summary.segments_skipped += 1
                     continue
-                snapshot = read_segment(seg, after)
+                snapshot = read_segment(seg, after, body=options.body)
                 if snapshot is None:
                     continue
                 summary.segments_read += 1

@@ -45,6 +45,8 @@ MESSAGES_SQL: Final = (
     "SELECT seq, message_id, destination, headers, body, timestamp_ms, priority, expires_ms,"
     " size, encoding FROM messages WHERE seq > ? ORDER BY seq"
 )
+# For --no-body: the bodies are neither read from the file nor decompressed.
+MESSAGES_NO_BODY_SQL: Final = MESSAGES_SQL.replace(" body,", " NULL,", 1)
 PENDING_SQL: Final = "SELECT seq, COUNT(*) FROM pending WHERE seq BETWEEN ? AND ? GROUP BY seq"
 _decode_headers = msgspec.msgpack.Decoder(dict[str, str]).decode
 
@@ -181,10 +183,10 @@ def read_outcomes(
     return settlements, deliveries
 
 
-def read_segment(seg: SegmentFile, after: int) -> SegmentSnapshot | None:
+def read_segment(seg: SegmentFile, after: int, *, body: bool = True) -> SegmentSnapshot | None:
     """The segment's message rows with seq > `after`, in one read transaction (a consistent
     snapshot, whatever the broker appends meanwhile); None when the file was deleted since it
-    was listed (retired without an archive)."""
+    was listed (retired without an archive). Without `body`, every body is empty."""
     path = _present(seg)
     if path is None:
         return None
@@ -193,16 +195,17 @@ def read_segment(seg: SegmentFile, after: int) -> SegmentSnapshot | None:
             conn.execute("BEGIN")
             try:
                 sealed_row = conn.execute(SEALED_SQL).fetchone()
-                rows = conn.execute(MESSAGES_SQL, (after,)).fetchall()
+                sql = MESSAGES_SQL if body else MESSAGES_NO_BODY_SQL
+                rows = conn.execute(sql, (after,)).fetchall()
             finally:
                 conn.execute("COMMIT")
     except sqlite3.Error as exc:
         raise ExportError(seg.path, f"cannot read: {exc}") from exc
     messages: list[SourceMessage] = []
-    for seq, message_id, destination, headers, body, ts, priority, expires, size, enc in rows:
+    for seq, message_id, destination, headers, stored, ts, priority, expires, size, enc in rows:
         try:
             decoded = _decode_headers(headers)
-            plain = decompress(body, enc)
+            plain = b"" if stored is None else decompress(stored, enc)
         except (msgspec.DecodeError, CorruptBody) as exc:
             raise ExportError(seg.path, f"message seq {seq}: {exc}") from exc
         messages.append(
