@@ -292,13 +292,11 @@ def _ingest_locked(spark: SparkSession, files: list[Path], output: Path) -> Inge
         summary.rows_read = rows.select(*KEY).distinct().count()
         if summary.rows_read != rows.count():
             rows = rows.dropDuplicates(list(KEY))
-        before = _table_rows(spark, output)
+        before = spark.read.parquet(str(output)).count() if _table_files(output) else 0
         if before:
             existing = spark.read.parquet(str(output)).select(*KEY)
             rows = rows.join(existing, on=list(KEY), how="left_anti")
         rows.write.mode("append").partitionBy(*PARTITIONS).parquet(str(output))
-        # The lock keeps other writers out: what the table gained is what this run appended.
-        summary.rows_appended = _table_rows(spark, output) - before
         # Only after the append committed: a run killed before this reads them again.
         _write_log(output, log | dict(seen.values()))
     if not _table_files(output):  # nothing appended to a table that did not exist yet
@@ -310,13 +308,11 @@ def _ingest_locked(spark: SparkSession, files: list[Path], output: Path) -> Inge
     ).collect():
         summary.destinations[row["destination"]] = (int(row["n"]), int(row["b"]))
     summary.rows_in_table = sum(n for n, _ in summary.destinations.values())
+    if todo:
+        # The lock keeps other writers out: what the table gained is what this run appended.
+        summary.rows_appended = summary.rows_in_table - before
     _write_reports(table, output, summary.rows_in_table)
     return summary
-
-
-def _table_rows(spark: SparkSession, output: Path) -> int:
-    """Rows in the table (from the Parquet footers), 0 when it has no files yet."""
-    return spark.read.parquet(str(output)).count() if _table_files(output) else 0
 
 
 def _write_reports(table: DataFrame, output: Path, rows_in_table: int) -> None:
@@ -327,8 +323,7 @@ def _write_reports(table: DataFrame, output: Path, rows_in_table: int) -> None:
     marker = final / REPORTS_MARKER
     if marker.is_file() and marker.read_text().strip() == str(rows_in_table):
         return
-    tmp = output / (REPORTS_DIR + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
+    tmp = output / (REPORTS_DIR + ".tmp")  # a killed run's is gone (_remove_unfinished)
     for name, report in _reports(table).items():
         report.coalesce(1).write.option("header", True).csv(str(tmp / name))
     (tmp / REPORTS_MARKER).write_text(f"{rows_in_table}\n")

@@ -151,6 +151,7 @@ def _selected(message: SourceMessage, options: Options) -> bool:
     return options.since_ms is None or message.timestamp_ms >= options.since_ms
 
 
+@_cyclic_gc_paused()
 def export(
     data_dir: Path,
     out: Path,
@@ -169,67 +170,66 @@ def export(
     plans = [(store, list_segments(store)) for store in stores]
     total = sum(len(segments) for _, segments in plans)
     done = 0
-    with _cyclic_gc_paused():
-        for store, segments in plans:
-            # A message's settlement and delivery rows are in its own segment or later ones, so
-            # segments before the first one to export are not read again (a long archive).
-            todo = [after_seq(manifest, source_key(store.name, seg.index)) for seg in segments]
-            first = next((i for i, after in enumerate(todo) if after is not None), len(segments))
-            settlements, deliveries = read_outcomes(segments[first:])
-            for seg in segments:
-                done += 1
-                key = source_key(store.name, seg.index)
-                after = after_seq(manifest, key)
-                if after is None:
-                    summary.segments_skipped += 1
-                    continue
-                snapshot = read_segment(seg, after, body=options.body)
-                if snapshot is None:
-                    continue
-                summary.segments_read += 1
-                chosen = [m for m in snapshot.messages if _selected(m, options)]
-                pending: dict[int, int] = {}
-                if chosen and any(kind_of(m.destination) == "topic" for m in chosen):
-                    pending = pending_counts(store.registry, chosen[0].seq, chosen[-1].seq)
-                rows = [
-                    build_row(
-                        m,
-                        store=store.name,
-                        segment=seg.index,
-                        deliveries=deliveries.get(m.seq, 0),
-                        settlement=settlements.get(m.seq),
-                        pending_subscriptions=pending.get(m.seq, 0),
-                        include_body=options.body,
-                    )
-                    for m in chosen
-                ]
-                written = None
-                if rows:
-                    written = file_name(store.name, seg.index, after)
-                    _parquet.write_table(out / written, rows, options.body, key)
-                    summary.files_written += 1
-                    for m in chosen:
-                        totals = summary.destinations.setdefault(m.destination, [0, 0])
-                        totals[0] += 1
-                        totals[1] += m.size
-                upto = snapshot.messages[-1].seq if snapshot.messages else after
-                if (
-                    written is not None
-                    or snapshot.sealed
-                    or upto != after
-                    or key not in manifest.segments
-                ):
-                    manifest = record(
-                        manifest,
-                        key,
-                        upto_seq=upto,
-                        complete=snapshot.sealed,
-                        rows=len(rows),
-                        written=written,
-                    )
-                    _write_atomically(manifest_path, manifest.to_json())
-                if progress is not None:
-                    progress(done, total, summary.rows)
+    for store, segments in plans:
+        # A message's settlement and delivery rows are in its own segment or later ones, so
+        # segments before the first one to export are not read again (a long archive).
+        todo = [after_seq(manifest, source_key(store.name, seg.index)) for seg in segments]
+        first = next((i for i, after in enumerate(todo) if after is not None), len(segments))
+        settlements, deliveries = read_outcomes(segments[first:])
+        for seg in segments:
+            done += 1
+            key = source_key(store.name, seg.index)
+            after = after_seq(manifest, key)
+            if after is None:
+                summary.segments_skipped += 1
+                continue
+            snapshot = read_segment(seg, after, body=options.body)
+            if snapshot is None:
+                continue
+            summary.segments_read += 1
+            chosen = [m for m in snapshot.messages if _selected(m, options)]
+            pending: dict[int, int] = {}
+            if chosen and any(kind_of(m.destination) == "topic" for m in chosen):
+                pending = pending_counts(store.registry, chosen[0].seq, chosen[-1].seq)
+            rows = [
+                build_row(
+                    m,
+                    store=store.name,
+                    segment=seg.index,
+                    deliveries=deliveries.get(m.seq, 0),
+                    settlement=settlements.get(m.seq),
+                    pending_subscriptions=pending.get(m.seq, 0),
+                    include_body=options.body,
+                )
+                for m in chosen
+            ]
+            written = None
+            if rows:
+                written = file_name(store.name, seg.index, after)
+                _parquet.write_table(out / written, rows, options.body, key)
+                summary.files_written += 1
+                for m in chosen:
+                    totals = summary.destinations.setdefault(m.destination, [0, 0])
+                    totals[0] += 1
+                    totals[1] += m.size
+            upto = snapshot.messages[-1].seq if snapshot.messages else after
+            if (
+                written is not None
+                or snapshot.sealed
+                or upto != after
+                or key not in manifest.segments
+            ):
+                manifest = record(
+                    manifest,
+                    key,
+                    upto_seq=upto,
+                    complete=snapshot.sealed,
+                    rows=len(rows),
+                    written=written,
+                )
+                _write_atomically(manifest_path, manifest.to_json())
+            if progress is not None:
+                progress(done, total, summary.rows)
     if not manifest_path.exists():
         _write_atomically(manifest_path, manifest.to_json())
     return summary
