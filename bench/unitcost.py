@@ -15,7 +15,7 @@ just before it, so what one step allocated is never reused by the next:
 
 Per unit: the PSS growth of the step divided by its count (for messages, minus the body:
 the cost *beyond* it). These are the constants of ``mpbroker config estimate`` in
-:mod:`mpbroker.budget`. Each step is sampled a few times after a pause and the median taken:
+:mod:`mpbroker.memory`. Each step is sampled a few times after a pause and the median taken:
 a Python process grows in arenas, so small counts give noisy figures; use the defaults.
 
 Stops the broker with SIGTERM and checks that none of its processes and none of its

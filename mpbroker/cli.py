@@ -19,6 +19,7 @@ from mpbroker.config import (
     iter_settings,
     load_config,
     parse_size,
+    replace_settings,
 )
 
 __all__ = ["build_parser", "main"]
@@ -31,10 +32,10 @@ def _apply_overrides(config: Config, args: argparse.Namespace) -> Config:
         if value is not None:
             changes[name] = value
     if changes:
-        config = config.replace("broker", **changes)
+        config = replace_settings(config, "broker", **changes)
     admin_port = getattr(args, "admin_port", None)
     if admin_port is not None:
-        config = config.replace("admin", port=admin_port)
+        config = replace_settings(config, "admin", port=admin_port)
     return config
 
 
@@ -48,8 +49,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     """
     from setproctitle import setproctitle
 
-    from mpbroker.budget import fit_gateways, require_fits
     from mpbroker.logs import setup_logging
+    from mpbroker.memory import fit_gateways, require_fits
     from mpbroker.workers.supervisor import serve
 
     config = _apply_overrides(load_config(args.config), args)
@@ -74,7 +75,7 @@ def cmd_config_show(args: argparse.Namespace) -> int:
 
     Example: mpbroker config show --config broker.toml
     """
-    from mpbroker.budget import plan, render_plan
+    from mpbroker.memory import plan, render_plan
 
     config = _apply_overrides(load_config(args.config), args)
     section = ""
@@ -153,7 +154,7 @@ def cmd_config_wizard(args: argparse.Namespace) -> int:
 
     Example: mpbroker config wizard --memory 256MB --topics 10 --queues 10 --largest-topic-message 64KiB --largest-queue-message 64KiB --rate 50 --connections 20 --threads 500 --out broker.toml
     """
-    from mpbroker.wizard import WizardError, WizardInputs, derive
+    from mpbroker.memory import WizardError, WizardInputs, derive
 
     out = Path(args.out) if args.out else None
     if out is not None and out.exists() and not args.force:
@@ -197,7 +198,7 @@ def cmd_config_estimate(args: argparse.Namespace) -> int:
 
     Example: mpbroker config estimate --connections 100 --sessions 200 --messages 100000 --message-bytes 1KiB
     """
-    from mpbroker.budget import estimate
+    from mpbroker.memory import estimate
 
     config = _apply_overrides(load_config(args.config), args)
     try:

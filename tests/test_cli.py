@@ -11,7 +11,7 @@ import pytest
 
 from mpbroker import __version__
 from mpbroker.cli import build_parser, main
-from mpbroker.config import Config, config_from_mapping, load_config
+from mpbroker.config import Config, config_from_mapping, load_config, replace_settings
 
 
 def walk(
@@ -153,8 +153,13 @@ def test_config_show_applies_the_file_and_the_command_line_overrides(
     )
     assert code == 0
     config = config_from_mapping(tomllib.loads(out))
-    assert config == load_config(path).replace(
-        "broker", host="0.0.0.0", data_dir="/var/lib/mpbroker", gateways=3, log_level="debug"
+    assert config == replace_settings(
+        load_config(path),
+        "broker",
+        host="0.0.0.0",
+        data_dir="/var/lib/mpbroker",
+        gateways=3,
+        log_level="debug",
     )
     assert config.broker.port == 7000
     assert config.queues.max_bytes == 32 * 1024 * 1024
@@ -235,14 +240,15 @@ def test_sample_config_lists_every_setting_and_loads(capsys: pytest.CaptureFixtu
 
 
 def test_config_show_ends_with_the_memory_budget(capsys: pytest.CaptureFixture[str]) -> None:
-    from mpbroker.budget import format_bytes, plan
+    from mpbroker.config import format_bytes
+    from mpbroker.memory import plan
 
     code, out, _ = run(capsys, "config", "show", "--gateways", "2")
     assert code == 0
     lines = out.splitlines()
     budget = lines[lines.index(BUDGET_HEADER) :]
     assert all(line.startswith("# ") for line in budget)  # TOML comments: the file still loads
-    memory = plan(Config().replace("broker", gateways=2))
+    memory = plan(replace_settings(Config(), "broker", gateways=2))
     text = "\n".join(budget)
     for b in memory.budgets:
         assert f"# {b.module} " in text
@@ -299,7 +305,7 @@ WIZARD_FLAGS = [
 def test_the_wizard_writes_a_config_that_loads_and_prints_why(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from mpbroker.wizard import WizardInputs, derive
+    from mpbroker.memory import WizardInputs, derive
 
     out = tmp_path / "broker.toml"
     code, stdout, err = run(capsys, "config", "wizard", *WIZARD_FLAGS, "--out", str(out))
@@ -383,14 +389,14 @@ def test_a_bad_size_flag_is_a_usage_error(capsys: pytest.CaptureFixture[str]) ->
 
 
 def test_estimate_prints_each_term_and_the_total(capsys: pytest.CaptureFixture[str]) -> None:
-    from mpbroker.budget import estimate
+    from mpbroker.memory import estimate
 
     argv = ["--connections", "100", "--sessions", "200", "--messages", "1000"]
     code, out, err = run(
         capsys, "config", "estimate", *argv, "--message-bytes", "1KiB", "--gateways", "2"
     )
     assert (code, err) == (0, "")
-    expected = estimate(Config().replace("broker", gateways=2), 100, 200, 1000, 1024)
+    expected = estimate(replace_settings(Config(), "broker", gateways=2), 100, 200, 1000, 1024)
     assert out.splitlines() == expected.lines()
     assert "100 connections x " in out and "fits:" in out
 
@@ -423,7 +429,7 @@ def _readme_blocks() -> list[str]:
 def test_the_readme_memory_budget_examples_are_what_the_commands_print(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    # When a constant in mpbroker/budget.py changes, paste the commands' output again.
+    # When a constant in mpbroker/memory/_budget.py changes, paste the commands' output again.
     refusal, table, wizard_usage, wizard_seed, estimate = _readme_blocks()
     path = tmp_path / "broker.toml"
     path.write_text('[memory]\nmax_memory = "128MiB"\n')
@@ -432,9 +438,10 @@ def test_the_readme_memory_budget_examples_are_what_the_commands_print(
     _, out, _ = run(capsys, "config", "show", "--gateways", "2")
     assert table.strip() == out[out.index(BUDGET_HEADER) :].strip()
     # The prose after the table quotes its totals.
-    from mpbroker.budget import format_bytes, plan
+    from mpbroker.config import format_bytes
+    from mpbroker.memory import plan
 
-    memory = plan(Config().replace("broker", gateways=2))
+    memory = plan(replace_settings(Config(), "broker", gateways=2))
     prose = " ".join(_readme_section().split("```")[4].split())
     share = f"{100 * memory.headroom / memory.max_memory:.0f} %"
     assert (

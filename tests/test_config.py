@@ -13,15 +13,17 @@ from mpbroker.config import (
     BrokerSettings,
     Config,
     ConfigError,
+    GiB,
+    KiB,
+    MiB,
     QueueSettings,
     StompSettings,
     config_from_mapping,
     iter_settings,
     load_config,
     parse_size,
+    replace_settings,
 )
-
-KiB, MiB, GiB = 1024, 1024**2, 1024**3
 
 
 def refused(data: dict[str, Any]) -> ConfigError:
@@ -273,7 +275,7 @@ def test_a_header_line_cannot_be_longer_than_a_frame() -> None:
 
 def test_replace_changes_one_section_and_keeps_the_rest() -> None:
     base = config_from_mapping({"queues": {"prefetch": 7}})
-    changed = base.replace("broker", port=1234, host="0.0.0.0")
+    changed = replace_settings(base, "broker", port=1234, host="0.0.0.0")
     assert changed.broker.port == 1234
     assert changed.broker.host == "0.0.0.0"
     assert changed.queues.prefetch == 7
@@ -282,19 +284,23 @@ def test_replace_changes_one_section_and_keeps_the_rest() -> None:
 
 def test_replace_validates_the_new_values() -> None:
     with pytest.raises(ConfigError) as info:
-        Config().replace("broker", port=99999)
+        replace_settings(Config(), "broker", port=99999)
     assert info.value.key == "broker.port"
     with pytest.raises(ConfigError) as info:
-        Config().replace("stomp", max_header_bytes=2 * MiB)
+        replace_settings(Config(), "stomp", max_header_bytes=2 * MiB)
     assert info.value.key == "stomp.max_header_bytes"
     with pytest.raises(ConfigError) as info:
-        Config().replace("queues", nonsense=1)
+        replace_settings(Config(), "queues", nonsense=1)
     assert info.value.key == "queues.nonsense"
 
 
 def test_replace_accepts_sizes_like_the_file_does() -> None:
-    assert Config().replace("queues", max_bytes="32MiB").queues == QueueSettings(max_bytes=32 * MiB)
-    flow = Config().replace("topic_store", byte_high="1MiB", byte_low="512KiB").topic_store
+    assert replace_settings(Config(), "queues", max_bytes="32MiB").queues == QueueSettings(
+        max_bytes=32 * MiB
+    )
+    flow = replace_settings(
+        Config(), "topic_store", byte_high="1MiB", byte_low="512KiB"
+    ).topic_store
     assert (flow.byte_high, flow.byte_low) == (MiB, 512 * KiB)
 
 
@@ -421,7 +427,7 @@ def test_destination_tables_override_defaults_for_matching_names_first_match_win
     assert other is not None and other.items() == [("byte_high", MiB), ("byte_low", 512 * KiB)]
     assert config.destination("/topic/sport") is None
     # What config show prints reads back as the same config.
-    assert config.replace("flow", send_timeout_ms=5).destinations == config.destinations
+    assert replace_settings(config, "flow", send_timeout_ms=5).destinations == config.destinations
 
 
 def test_bad_destination_tables_are_refused_naming_the_table_and_setting() -> None:

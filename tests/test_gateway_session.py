@@ -11,7 +11,7 @@ import msgspec
 import pytest
 
 from mpbroker.compression import decompress
-from mpbroker.config import Config
+from mpbroker.config import Config, replace_settings
 from mpbroker.gateway_session import GatewaySession, SessionState, TransactionBudget
 from mpbroker.records import (
     ACK_AUTO,
@@ -151,7 +151,7 @@ def test_stomp_command_connects_like_connect() -> None:
 
 
 def test_connected_offers_the_configured_heart_beat_except_to_1_0_clients() -> None:
-    config = Config().replace("stomp", heartbeat_send_ms=500, heartbeat_receive_ms=2000)
+    config = replace_settings(Config(), "stomp", heartbeat_send_ms=500, heartbeat_receive_ms=2000)
     for version in ("1.1", "1.2"):
         session = new_session(config)
         session.on_frame(frame("CONNECT", accept_version=version), NOW)
@@ -176,7 +176,9 @@ def test_connected_offers_the_configured_heart_beat_except_to_1_0_clients() -> N
 def test_heart_beat_is_negotiated_against_the_configured_offer(
     client: str | None, server: tuple[int, int], expected: tuple[int, int]
 ) -> None:
-    config = Config().replace("stomp", heartbeat_send_ms=server[0], heartbeat_receive_ms=server[1])
+    config = replace_settings(
+        Config(), "stomp", heartbeat_send_ms=server[0], heartbeat_receive_ms=server[1]
+    )
     session = new_session(config)
     headers = {"accept-version": "1.2"}
     if client is not None:
@@ -346,7 +348,9 @@ def test_each_subscription_gets_its_own_handle() -> None:
 
 
 def test_prefetch_defaults_come_from_the_queue_and_topic_settings() -> None:
-    config = Config().replace("queues", prefetch=5).replace("topics", prefetch=9)
+    config = replace_settings(
+        replace_settings(Config(), "queues", prefetch=5), "topics", prefetch=9
+    )
     session = connected(config=config)
     assert subscribed(session, "a", "/queue/q").prefetch == 5
     assert subscribed(session, "b", "/topic/t").prefetch == 9
@@ -694,7 +698,7 @@ def test_the_uncommitted_bytes_budget_is_shared_by_the_gateways_connections() ->
 
 
 def test_max_open_transactions_per_connection_is_enforced() -> None:
-    config = Config().replace("transactions", max_open_per_connection=2)
+    config = replace_settings(Config(), "transactions", max_open_per_connection=2)
     session = connected(config=config)
     session.on_frame(frame("BEGIN", transaction="a"), NOW)
     session.on_frame(frame("BEGIN", transaction="b"), NOW)
@@ -977,7 +981,7 @@ BIG_TEXT = b"".join(
 
 
 def compressing(threshold: int = 1024, codec: str = "zstd", version: str = "1.2") -> GatewaySession:
-    config = Config().replace("compression", threshold_bytes=threshold, codec=codec)
+    config = replace_settings(Config(), "compression", threshold_bytes=threshold, codec=codec)
     return connected(version, config=config)
 
 
@@ -1033,7 +1037,7 @@ def test_the_message_size_counts_the_compressed_bytes() -> None:
 
 
 def test_a_transaction_holds_and_charges_the_compressed_message() -> None:
-    config = Config().replace("compression", threshold_bytes=1024)
+    config = replace_settings(Config(), "compression", threshold_bytes=1024)
     budget = TransactionBudget(1000)
     session = new_session(config, budget)
     session.on_frame(frame("CONNECT", accept_version="1.2"), NOW)
@@ -1103,7 +1107,7 @@ def test_a_body_that_does_not_decompress_is_an_error_logged_once(
 
 
 def test_a_body_above_max_message_bytes_is_refused_with_its_receipt() -> None:
-    config = Config().replace("memory", max_message_bytes=100)
+    config = replace_settings(Config(), "memory", max_message_bytes=100)
     session = connected(config=config)
     session.on_frame(frame("SEND", b"x" * 100, destination="/queue/q", receipt="ok"), 0)
     assert not session.closing

@@ -12,7 +12,7 @@ producers and only falling to `low` starts them again.
   preemptive service of waiting senders.
 * `FlowGate`, `Stop`: a gateway's view of its pipelines' stops: which SEND must wait.
 * `store_limits`: a config section's watermarks as `StoreLimits`.
-* `expired_log_line`, `parse_log_fields`: the expiry policies' log format.
+* `expired_log_line`: the expiry policies' log format (its fields: config.parse_log_fields).
 
 No sockets, no clocks, no stores: callers pass in amounts and the current time, and the
 workers wire the results to rings and gateways.
@@ -25,7 +25,6 @@ from ._expiry import (
     ExpiryPolicy,
     expired_log_line,
     expiry_policies,
-    parse_log_fields,
 )
 from ._gate import (
     STORE_LIVE,
@@ -81,7 +80,6 @@ __all__ = [
     "destination_limits",
     "expired_log_line",
     "expiry_policies",
-    "parse_log_fields",
     "rate_settings_for",
     "store_limits",
     "throttle_rate_settings",

@@ -20,7 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Final
 
-from mpbroker.config import Config
+from mpbroker.config import Config, parse_log_fields
 from mpbroker.records import Message
 
 from ._watermark import PER_DESTINATION_CACHE
@@ -32,7 +32,6 @@ __all__ = [
     "ExpiryPolicy",
     "expired_log_line",
     "expiry_policies",
-    "parse_log_fields",
 ]
 
 EXPIRY_POLICIES: Final = ("discard", "log", "redirect")
@@ -55,14 +54,6 @@ def _header_fields(message: Message) -> dict[str, str]:
 
 
 HEADER_FIELDS: Final = tuple(_header_fields(Message("", "", {}, b"", 0)))
-
-
-def parse_log_fields(text: str) -> tuple[str, ...]:
-    """`expiry_log_fields` as a tuple of names; ValueError for an empty one."""
-    names = tuple(name.strip() for name in text.split(","))
-    if not names or any(not name for name in names):
-        raise ValueError(f"{text!r}: a comma-separated list of %header%, %properties% or names")
-    return names
 
 
 def _attrs(fields: dict[str, str]) -> str:

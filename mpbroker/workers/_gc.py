@@ -14,8 +14,7 @@ import gc
 import time
 from collections.abc import Callable
 
-from mpbroker.config import Config
-from mpbroker.memwatch import parse_levels
+from mpbroker.config import Config, parse_levels
 from mpbroker.shm import ControlBlock
 
 __all__ = ["LevelGC", "release_free_heap"]

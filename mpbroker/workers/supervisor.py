@@ -21,14 +21,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
 
-import psutil
-
-from mpbroker.budget import check, require_fits
-from mpbroker.config import Config, ConfigError, reload_flow_settings
-from mpbroker.memwatch import MemWatch, parse_levels, private_pss_bytes
+from mpbroker.config import Config, ConfigError, parse_levels, reload_flow_settings
+from mpbroker.memory import MemWatch, broker_memory_bytes, check, require_fits
 from mpbroker.routing import Topology
 from mpbroker.shm import (
-    SHM_DIR,
     STATE_EMPTY,
     STATE_READY,
     ControlBlock,
@@ -386,32 +382,13 @@ class Supervisor:
         except OSError as exc:
             log.error("cannot start the fork server: %s", exc)
 
-    def memory_used(self) -> int:
-        """The broker's memory now: the proportional set size (PSS) of every one of its
-        processes -- pages shared between them, like the modules the fork server imported
-        for all workers, count once -- without their shared-memory mappings, plus its
-        shared-memory segments, counted once and whole. Its processes are this one and all
-        its descendants: the fork server and the workers it forked, each listed once."""
-        me = psutil.Process()
-        total = 0
-        for process in [me, *me.children(recursive=True)]:
-            with contextlib.suppress(psutil.Error, OSError):
-                total += _process_memory(process)
-        prefix = f"mpb.{self.instance}."
-        with contextlib.suppress(OSError):
-            for entry in os.scandir(SHM_DIR):
-                if entry.name.startswith(prefix):
-                    with contextlib.suppress(OSError):
-                        total += entry.stat().st_blocks * 512
-        return total
-
     def watch_memory(self, now: float) -> None:
         """MemWatch: measure, publish the level for the workers, log what changed."""
         interval = self.config.memory.memwatch_interval_ms / 1000
         if not interval or now < self.next_memwatch or self.control is None:
             return
         self.next_memwatch = now + interval
-        note = self.memwatch.update(self.memory_used())
+        note = self.memwatch.update(broker_memory_bytes(self.instance))
         self.control.memwatch_level = self.memwatch.level
         if note is not None:
             if self.memwatch.level:
@@ -520,16 +497,6 @@ class Supervisor:
         signal.set_wakeup_fd(-1)
         self._wakeup_r.close()
         self._wakeup_w.close()
-
-
-def _process_memory(process: psutil.Process) -> int:
-    """PSS without shared-memory mappings (smaps_rollup, Linux 4.14+), else USS."""
-    try:
-        with open(f"/proc/{process.pid}/smaps_rollup", encoding="ascii") as f:
-            pss = private_pss_bytes(f.read())
-    except OSError:
-        pss = None
-    return pss if pss is not None else int(process.memory_full_info().uss)
 
 
 def serve(config: Config, reload_source: Callable[[], Config] | None = None) -> int:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from mpbroker.wizard import WizardInputs, derive
+from mpbroker.memory import WizardInputs, derive
 from tests.broker import BrokerProcess, RawClient, serve_command
 
 pytestmark = pytest.mark.slow

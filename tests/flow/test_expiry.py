@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from mpbroker.config import config_from_mapping
-from mpbroker.flow import ExpiryPolicy, expired_log_line, expiry_policies, parse_log_fields
+from mpbroker.config import config_from_mapping, parse_log_fields
+from mpbroker.flow import ExpiryPolicy, expired_log_line, expiry_policies
 from mpbroker.records import Message
 
 

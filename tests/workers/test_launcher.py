@@ -18,7 +18,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from mpbroker.config import Config, config_from_mapping
+from mpbroker.config import Config, config_from_mapping, replace_settings
 from mpbroker.routing import Topology
 from mpbroker.workers._launcher import Launcher, LauncherError
 from mpbroker.workers._layout import Layout, WorkerSpec
@@ -62,7 +62,7 @@ def launcher() -> Iterator[Launcher]:
 
 def _orphan_spec(tmp_path: Path) -> WorkerSpec:
     """A gateway of a broker instance that does not exist: it fails at once, exit code 1."""
-    config = Config().replace("broker", data_dir=str(tmp_path), log_level="error")
+    config = replace_settings(Config(), "broker", data_dir=str(tmp_path), log_level="error")
     layout = Layout(f"{os.getpid()}launchertest", 1, Topology(1, 1), 1)
     return WorkerSpec("gateway", 0, 0, layout, config, 0)
 

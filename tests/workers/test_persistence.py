@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from mpbroker.config import Config
+from mpbroker.config import Config, replace_settings
 from mpbroker.engine import Outbox, QueueEngine
 from mpbroker.records import Message, Receipt, Refuse, Send
 from mpbroker.stores import MessageStore, StoreError
@@ -20,7 +20,7 @@ def persistent_send(n: int) -> Send:
 
 
 def make(tmp_path: Path, *, group_commit: bool = True) -> QueuePersistence:
-    config = Config().replace("store", group_commit=group_commit)
+    config = replace_settings(Config(), "store", group_commit=group_commit)
     outbox = Outbox()
     engine = QueueEngine(config.queues, 0, outbox)
     store = MessageStore.open(tmp_path / "p2p-0", config.store)

@@ -5,7 +5,7 @@ why; the validated `Config`; its `MemoryPlan`) or raises `WizardError` naming th
 that cannot be met and by how much. `mpbroker config wizard` asks for the inputs and writes
 `WizardResult.toml()`.
 
-The rules (the seed's, on our modules; see mpbroker/budget.py for what each module is):
+The rules (the seed's, on our modules; see mpbroker/memory/_budget.py for what each module is):
 
 - Processes: as many gateways as the threads/workers input allows, at most one per CPU,
   and half as many pipelines of each kind (at most one per queue or topic), one replay
@@ -47,23 +47,20 @@ import math
 from dataclasses import dataclass
 from typing import Any, Final
 
-from mpbroker.budget import (
+from mpbroker.config import Config, KiB, MiB, config_from_mapping, format_bytes, iter_settings
+
+from ._budget import (
     PER_CONNECTION_BYTES,
     PER_ENTRY_BYTES,
     PER_MESSAGE_BYTES,
     PER_SUBSCRIPTION_BYTES,
     MemoryPlan,
     check,
-    format_bytes,
     plan,
     process_costs,
 )
-from mpbroker.config import Config, config_from_mapping, iter_settings
 
 __all__ = ["Choice", "WizardError", "WizardInputs", "WizardResult", "derive"]
-
-KiB: Final = 1024
-MiB: Final = 1024 * KiB
 
 # Room for a message's headers in its frame: destination, ids, a dozen properties. h11
 # caps a whole HTTP head at 16 KiB (DEFAULT_MAX_INCOMPLETE_EVENT_SIZE).

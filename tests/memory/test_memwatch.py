@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from mpbroker.memwatch import MemLevel, MemWatch, parse_levels
-
-MiB = 2**20
+from mpbroker.config import MemLevel, MiB, parse_levels
+from mpbroker.memory import MemWatch
 
 
 def watch() -> MemWatch:
@@ -90,7 +89,7 @@ def test_releasing_the_free_heap_gives_freed_bodies_back_to_the_system() -> None
 
 
 def test_a_process_counts_its_pss_without_its_shared_memory_mappings() -> None:
-    from mpbroker.memwatch import private_pss_bytes
+    from mpbroker.memory import private_pss_bytes
 
     rollup = (
         "559fad48f000-7ffc87c22000 ---p 00000000 00:00 0    [rollup]\n"

@@ -12,21 +12,20 @@ import pytest
 from hypothesis import event, given
 from hypothesis import strategies as st
 
-from mpbroker import wizard
-from mpbroker.budget import (
+from mpbroker.config import Config, KiB, MiB, config_from_mapping, format_bytes, parse_size
+from mpbroker.memory import (
     FIXED_COST_BYTES,
     PER_CONNECTION_BYTES,
     PER_ENTRY_BYTES,
     PER_SUBSCRIPTION_BYTES,
+    WizardError,
+    WizardInputs,
+    WizardResult,
     check,
-    format_bytes,
+    derive,
     plan,
 )
-from mpbroker.config import Config, config_from_mapping, parse_size
-from mpbroker.wizard import WizardError, WizardInputs, WizardResult, derive
-
-KiB = 1024
-MiB = 1024 * KiB
+from mpbroker.memory import _wizard as wizard
 
 # The seed's worked example: 256 MB, 10 topics, 10 queues, 20 MB messages, 50 msg/s,
 # 20 connections, 500 threads (on a 2-CPU machine).

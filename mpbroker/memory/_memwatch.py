@@ -9,9 +9,9 @@ after a warning logs a note.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from mpbroker.config import MemLevel
 
-__all__ = ["MemLevel", "MemWatch", "parse_levels", "private_pss_bytes"]
+__all__ = ["MemWatch", "private_pss_bytes"]
 
 
 def private_pss_bytes(smaps_rollup: str) -> int | None:
@@ -28,30 +28,6 @@ def private_pss_bytes(smaps_rollup: str) -> int | None:
     if "Pss" not in fields:
         return None
     return fields["Pss"] - fields.get("Pss_Shmem", 0)
-
-
-@dataclass(frozen=True, slots=True)
-class MemLevel:
-    percent: float  # of max_memory at which this level starts
-    gc_interval_ms: int  # how often workers collect garbage at this level (0: never)
-
-
-def parse_levels(percents: str, gc_intervals_ms: str) -> tuple[MemLevel, ...]:
-    """'50,80' and '2000,750' -> levels 1 and 2; ValueError saying what is wrong."""
-    try:
-        bounds = [float(p) for p in percents.split(",")]
-        intervals = [int(i) for i in gc_intervals_ms.split(",")]
-    except ValueError:
-        raise ValueError("must be comma-separated numbers, e.g. '50,80' and '2000,750'") from None
-    if len(bounds) != len(intervals):
-        raise ValueError(
-            f"{len(bounds)} level thresholds but {len(intervals)} gc intervals: one each"
-        )
-    if any(not 0 < p <= 100 for p in bounds) or bounds != sorted(set(bounds)):
-        raise ValueError(f"thresholds {bounds}: rising percentages above 0, at most 100")
-    if any(i < 0 for i in intervals):
-        raise ValueError(f"gc intervals {intervals}: milliseconds >= 0")
-    return tuple(MemLevel(p, i) for p, i in zip(bounds, intervals, strict=True))
 
 
 class MemWatch:

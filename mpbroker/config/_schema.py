@@ -1,9 +1,9 @@
-"""Broker configuration: defaults, TOML loading and validation.
+"""The settings: every section with its defaults, units and allowed ranges, and `Config`.
 
-Pure logic: no sockets, no processes. Every setting has a default, so no file is needed;
-an unknown key or a bad value is refused with a `ConfigError` that names the key, the
-value and what is allowed. Every limit carries its unit in its name (`max_frame_bytes`,
-`send_timeout_ms`), as STYLE.md asks.
+Pure data: no files, no sockets. Every setting has a default, so no file is needed; each
+field carries its documentation and allowed range in its metadata (`_setting`), which
+loading (`_load`) checks and `mpbroker config show` prints. Every limit carries its unit
+in its name (`max_frame_bytes`, `send_timeout_ms`).
 """
 
 from __future__ import annotations
@@ -11,21 +11,20 @@ from __future__ import annotations
 import dataclasses
 import fnmatch
 import functools
-import math
 import os
-import re
-import tomllib
-from collections.abc import Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Final
 
+from ._units import GiB, KiB, MiB
+
 __all__ = [
+    "DEFAULT_QUOTA",
+    "DESTINATION_KEYS",
+    "LOG_LEVELS",
     "AdminSettings",
     "BrokerSettings",
     "CompressionSettings",
     "Config",
-    "ConfigError",
     "DestinationSettings",
     "FlowSettings",
     "MemorySettings",
@@ -39,28 +38,11 @@ __all__ = [
     "TempStoreSettings",
     "TopicSettings",
     "TransactionSettings",
-    "config_from_mapping",
-    "iter_settings",
-    "load_config",
-    "parse_size",
-    "reload_flow_settings",
+    "section_defaults",
+    "sections",
 ]
 
-KiB = 1024
-MiB = 1024 * KiB
-GiB = 1024 * MiB
-
-LOG_LEVELS = ("debug", "info", "warning", "error")
-
-
-class ConfigError(ValueError):
-    """A configuration value was refused; the message names the key, the value and why."""
-
-    def __init__(self, key: str, value: object, allowed: str) -> None:
-        self.key = key
-        self.value = value
-        self.allowed = allowed
-        super().__init__(f"config: {key} = {value!r}: {allowed}")
+LOG_LEVELS: Final = ("debug", "info", "warning", "error")
 
 
 def _setting(
@@ -586,7 +568,7 @@ class Config:
     temp_store: TempStoreSettings = field(default_factory=TempStoreSettings)
     # The seed's VolQueueStore: 16 MB high, 15 MB low (with a temp store: where paging
     # starts). Every waiting message keeps an entry in memory, paged or not, so the counts
-    # are bounded too (they are most of the memory budget: mpbroker/budget.py); per queue,
+    # are bounded too (they are most of the memory budget: mpbroker/memory/_budget.py); per queue,
     # stop before the hard queues.max_messages refusal.
     vol_queue_store: StoreFlowSettings = field(
         default_factory=functools.partial(
@@ -640,480 +622,15 @@ class Config:
                 return table
         return None
 
-    def replace(self, section: str, **changes: Any) -> Config:
-        """A copy with some settings of one section changed (validated)."""
-        current = getattr(self, section)
-        data = {section: {**dataclasses.asdict(current), **changes}}
-        merged: dict[str, Any] = {
-            name: dataclasses.asdict(getattr(self, name)) for name in _section_defaults()
-        }
-        merged["destinations"] = {t.pattern: dict(t.items()) for t in self.destinations}
-        merged["quotas"] = {
-            q.name: {k: v for k, v in dataclasses.asdict(q).items() if k != "name"}
-            for q in self.quotas
-        }
-        merged.update(data)
-        return config_from_mapping(merged)
 
-
-_SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMG]i?B|B)?\s*$", re.IGNORECASE)
-_SIZE_UNITS = {"b": 1, "kb": 1000, "mb": 1000**2, "gb": 1000**3, "kib": KiB, "mib": MiB, "gib": GiB}
-
-
-def parse_size(text: str) -> int:
-    """'16MiB' -> 16777216, '64 KiB' -> 65536, '1.5MB' -> 1500000; ValueError otherwise."""
-    m = _SIZE_RE.match(text)
-    if not m:
-        raise ValueError(f"not a size: {text!r}")
-    number = float(m.group(1))
-    unit = (m.group(2) or "b").lower()
-    return int(number * _SIZE_UNITS[unit])
-
-
-def _sections() -> list[dataclasses.Field[Any]]:
+def sections() -> list[dataclasses.Field[Any]]:
     """Config's sections of scalar settings (not the [destinations] tables)."""
     return [f for f in dataclasses.fields(Config) if not f.metadata.get("tables")]
 
 
-def _section_defaults() -> dict[str, Any]:
+def section_defaults() -> dict[str, Any]:
     """Each section's default settings (sections of one type may differ in defaults)."""
     return {
         f.name: f.default_factory()  # type: ignore[operator]
-        for f in _sections()
+        for f in sections()
     }
-
-
-def _describe(meta: Mapping[str, Any], kind: type) -> str:
-    choices = meta.get("choices")
-    if choices:
-        return "allowed: " + ", ".join(repr(c) for c in choices)
-    lo, hi = meta.get("min"), meta.get("max")
-    what = {int: "an integer", float: "a number", str: "a string", bool: "true or false"}[kind]
-    if lo is not None and hi is not None:
-        return f"must be {what} from {lo:g} to {hi:g}"
-    if lo is not None:
-        return f"must be {what} >= {lo:g}"
-    if hi is not None:
-        return f"must be {what} <= {hi:g}"
-    return f"must be {what}"
-
-
-def _coerce(key: str, value: object, f: dataclasses.Field[Any]) -> Any:
-    kind: type = {"int": int, "float": float, "str": str, "bool": bool}[str(f.type)]
-    meta = f.metadata
-    allowed = _describe(meta, kind)
-    if kind is int and (key.endswith("_bytes") or meta.get("size")) and isinstance(value, str):
-        try:
-            value = parse_size(value)
-        except ValueError:
-            raise ConfigError(key, value, allowed + " (or a size such as '16MiB')") from None
-    if kind is float and isinstance(value, int) and not isinstance(value, bool):
-        value = float(value)
-    # bool is a subclass of int in Python; `gateways = true` is a mistake, not 1.
-    if not isinstance(value, kind) or (kind is not bool and isinstance(value, bool)):
-        raise ConfigError(key, value, allowed)
-    if kind is float and not math.isfinite(value):  # type: ignore[arg-type]
-        raise ConfigError(key, value, allowed)
-    choices = meta.get("choices")
-    if choices and value not in choices:
-        raise ConfigError(key, value, allowed)
-    lo, hi = meta.get("min"), meta.get("max")
-    if (lo is not None and value < lo) or (hi is not None and value > hi):
-        raise ConfigError(key, value, allowed)
-    return value
-
-
-def config_from_mapping(data: Mapping[str, Any]) -> Config:
-    """Build and validate a Config from a nested mapping (a parsed TOML document)."""
-    sections = _section_defaults()
-    built: dict[str, Any] = {}
-    for name, value in data.items():
-        if name == "destinations":
-            built[name] = _destination_tables(value)
-            continue
-        if name == "quotas":
-            built[name] = _quota_tables(value)
-            continue
-        if name not in sections:
-            raise ConfigError(name, value, "unknown section; known: " + ", ".join(sections))
-        if not isinstance(value, Mapping):
-            raise ConfigError(name, value, "must be a table of settings")
-        default = sections[name]
-        fields = {f.name: f for f in dataclasses.fields(default)}
-        kwargs: dict[str, Any] = {}
-        for key, raw in value.items():
-            full = f"{name}.{key}"
-            if key not in fields:
-                raise ConfigError(full, raw, "unknown setting; known: " + ", ".join(fields))
-            kwargs[key] = _coerce(full, raw, fields[key])
-        built[name] = dataclasses.replace(default, **kwargs)
-    config = Config(**built)
-    _check_consistency(config)
-    return config
-
-
-def _destination_tables(data: object) -> tuple[DestinationSettings, ...]:
-    if not isinstance(data, Mapping):
-        raise ConfigError("destinations", data, 'must be tables: [destinations."/queue/NAME*"]')
-    defaults = _section_defaults()
-    tables: list[DestinationSettings] = []
-    for pattern, table in data.items():
-        where = f'destinations."{pattern}"'
-        if not pattern.startswith(("/queue/", "/topic/")):
-            raise ConfigError(where, pattern, "a pattern starts with /queue/ or /topic/")
-        if not isinstance(table, Mapping):
-            raise ConfigError(where, table, "must be a table of settings")
-        values: dict[str, Any] = {}
-        for key, raw in table.items():
-            section = DESTINATION_KEYS.get(key)
-            if section is None:
-                raise ConfigError(
-                    f"{where}.{key}", raw, "unknown setting; known: " + ", ".join(DESTINATION_KEYS)
-                )
-            if section == "quotas":
-                if not isinstance(raw, str) or not raw:
-                    raise ConfigError(f"{where}.{key}", raw, "must name a [quotas.NAME] table")
-                values[key] = raw
-                continue
-            fields = {f.name: f for f in dataclasses.fields(defaults[section])}
-            values[key] = _coerce(f"{where}.{key}", raw, fields[key])
-        # Watermarks come in pairs: a high with the store's default low could contradict.
-        for high_key in ("msg_high", "byte_high", "live_msg_high"):
-            low_key = high_key.replace("_high", "_low")
-            if (high_key in values) != (low_key in values):
-                missing = low_key if high_key in values else high_key
-                raise ConfigError(
-                    f"{where}.{missing}", None, f"must be set together with {high_key}/{low_key}"
-                )
-            if high_key in values:
-                _check_watermark(
-                    f"{where}.{high_key}", values[high_key], f"{where}.{low_key}", values[low_key]
-                )
-        tables.append(DestinationSettings(pattern, **values))
-    return tuple(tables)
-
-
-# What SIGHUP reloads: flow control's settings. Everything else needs a restart.
-RELOADABLE_SECTIONS: Final = ("flow", "vol_queue_store", "pers_queue_store", "topic_store")
-RELOADABLE_FIELDS: Final = {
-    "topics": (
-        "live_msg_high",
-        "live_msg_low",
-        "global_live_msg_high",
-        "global_live_msg_low",
-        "global_live_byte_high",
-        "global_live_byte_low",
-    ),
-    "queues": ("expiry_policy", "expiry_log_fields", "expiry_destination"),
-}
-
-
-def reload_flow_settings(old: Config, new: Config) -> tuple[Config, list[str]]:
-    """`old` with the flow settings of `new` (validated together), and the settings that
-    changed but only take effect after a restart."""
-    changes: dict[str, Any] = {}
-    ignored: list[str] = []
-    for section in _sections():
-        name = section.name
-        before, after = getattr(old, name), getattr(new, name)
-        if name in RELOADABLE_SECTIONS:
-            changes[name] = after
-            continue
-        keep = RELOADABLE_FIELDS.get(name, ())
-        changes[name] = dataclasses.replace(before, **{k: getattr(after, k) for k in keep})
-        ignored += [
-            f"{name}.{f.name}"
-            for f in dataclasses.fields(before)
-            if f.name not in keep and getattr(before, f.name) != getattr(after, f.name)
-        ]
-    if old.quotas != new.quotas:
-        ignored.append("quotas")
-    effective = Config(**changes, destinations=new.destinations, quotas=old.quotas)
-    _check_consistency(effective)
-    return effective, ignored
-
-
-def _quota_tables(data: object) -> tuple[QuotaConfig, ...]:
-    if not isinstance(data, Mapping):
-        raise ConfigError("quotas", data, "must be tables: [quotas.NAME]")
-    fields = {f.name: f for f in dataclasses.fields(QuotaConfig) if f.name != "name"}
-    quotas = []
-    for name, table in data.items():
-        where = f"quotas.{name}"
-        if not isinstance(table, Mapping):
-            raise ConfigError(where, table, "must be a table of settings")
-        values: dict[str, Any] = {}
-        for key, raw in table.items():
-            if key not in fields:
-                raise ConfigError(
-                    f"{where}.{key}", raw, "unknown setting; known: " + ", ".join(fields)
-                )
-            values[key] = _coerce(f"{where}.{key}", raw, fields[key])
-        quotas.append(QuotaConfig(name, **values))
-    return tuple(quotas)
-
-
-def _check_memory(config: Config) -> None:
-    from mpbroker.memwatch import parse_levels
-
-    memory = config.memory
-    if memory.max_message_bytes == 0:
-        raise ConfigError("memory.max_message_bytes", 0, "no message could be sent (-1 = no limit)")
-    if memory.max_message_bytes > config.stomp.max_frame_bytes:
-        raise ConfigError(
-            "memory.max_message_bytes",
-            memory.max_message_bytes,
-            f"must not exceed stomp.max_frame_bytes = {config.stomp.max_frame_bytes} "
-            "(a message travels in one frame)",
-        )
-    try:
-        levels = parse_levels(memory.memwatch_levels, memory.memwatch_gc_intervals_ms)
-    except ValueError as exc:
-        raise ConfigError("memory.memwatch_levels", memory.memwatch_levels, str(exc)) from None
-    if memory.memwatch_warn_level > len(levels):
-        raise ConfigError(
-            "memory.memwatch_warn_level",
-            memory.memwatch_warn_level,
-            f"there are only {len(levels)} levels in memory.memwatch_levels",
-        )
-    if memory.throttle_level > len(levels):
-        raise ConfigError(
-            "memory.throttle_level",
-            memory.throttle_level,
-            f"there are only {len(levels)} levels in memory.memwatch_levels",
-        )
-    temp = config.temp_store
-    if temp.limit_bytes != -1 and temp.limit_bytes < temp.segment_bytes:
-        raise ConfigError(
-            "temp_store.limit_bytes",
-            temp.limit_bytes,
-            f"below temp_store.segment_bytes = {temp.segment_bytes}, the temp store's "
-            "allocation unit: nothing could ever be paged and producers would wait forever",
-        )
-
-
-def _check_quotas(config: Config) -> None:
-    names = {q.name for q in config.quotas}
-    for table in config.destinations:
-        if table.quota is not None and table.quota not in names:
-            raise ConfigError(
-                f'destinations."{table.pattern}".quota',
-                table.quota,
-                f"no [quotas.{table.quota}] table (known: {', '.join(sorted(names)) or 'none'})",
-            )
-    largest = config.stomp.max_frame_bytes
-    for quota in config.quotas:
-        if 0 <= quota.max_bytes < largest:
-            raise ConfigError(
-                f"quotas.{quota.name}.max_bytes",
-                quota.max_bytes,
-                f"below stomp.max_frame_bytes = {largest}: the largest message could never fit",
-            )
-        if quota.max_messages == 0:
-            raise ConfigError(
-                f"quotas.{quota.name}.max_messages", 0, "no message could ever fit (-1 = no limit)"
-            )
-
-
-def _check_consistency(config: Config) -> None:
-    """Limits that contradict each other are refused, naming both numbers."""
-    prefix = config.queues.dead_letter_prefix
-    if not prefix or any(c in prefix for c in "/\r\n:") or prefix != prefix.strip():
-        raise ConfigError(
-            "queues.dead_letter_prefix",
-            prefix,
-            "must be a non-empty name part without '/', ':', spaces at its ends or line breaks",
-        )
-    cap = config.rings.capacity_bytes
-    if cap & (cap - 1):
-        raise ConfigError("rings.capacity_bytes", cap, "must be a power of two")
-    # mpbroker.shm.MAX_CAPACITY: a record's length and fragment flag share 32 bits.
-    if cap > GiB:
-        raise ConfigError("rings.capacity_bytes", cap, f"must be at most {GiB} (1 GiB)")
-    # No rule ties the rings to stomp.max_frame_bytes or replay.replay_bytes: a record larger
-    # than a quarter of its ring goes through it in fragments.
-    replay = config.replay
-    if replay.replay_bytes > replay.global_bytes:
-        raise ConfigError(
-            "replay.replay_bytes",
-            replay.replay_bytes,
-            f"must not exceed replay.global_bytes = {replay.global_bytes}",
-        )
-    _check_flow(config)
-    _check_expiry(config)
-    _check_rate_flow(config)
-    _check_quotas(config)
-    _check_memory(config)
-    if config.stomp.max_header_bytes > config.stomp.max_frame_bytes:
-        raise ConfigError(
-            "stomp.max_header_bytes",
-            config.stomp.max_header_bytes,
-            f"must not exceed stomp.max_frame_bytes = {config.stomp.max_frame_bytes}",
-        )
-
-
-def _check_rate_flow(config: Config) -> None:
-    flow = config.flow
-    pairs = [("flow", flow.flow_minimum, flow.flow_maximum)]
-    for table in config.destinations:
-        low = table.flow_minimum if table.flow_minimum is not None else flow.flow_minimum
-        high = table.flow_maximum if table.flow_maximum is not None else flow.flow_maximum
-        pairs.append((f'destinations."{table.pattern}"', low, high))
-    for where, low, high in pairs:
-        if low > high:
-            raise ConfigError(
-                f"{where}.flow_minimum", low, f"must not exceed flow_maximum = {high}"
-            )
-
-
-def _check_expiry(config: Config) -> None:
-    from mpbroker.flow import parse_log_fields
-
-    tables: list[tuple[str, str | None, str | None]] = [
-        ("queues", config.queues.expiry_log_fields, config.queues.expiry_destination)
-    ]
-    tables += [
-        (f'destinations."{t.pattern}"', t.expiry_log_fields, t.expiry_destination)
-        for t in config.destinations
-    ]
-    for where, fields, target in tables:
-        if fields is not None:
-            try:
-                parse_log_fields(fields)
-            except ValueError as exc:
-                raise ConfigError(f"{where}.expiry_log_fields", fields, str(exc)) from None
-        if target and not target.startswith("/queue/"):
-            raise ConfigError(
-                f"{where}.expiry_destination", target, "must be a queue: /queue/NAME (or '')"
-            )
-
-
-def _check_watermark(high_key: str, high: int, low_key: str, low: int) -> None:
-    if high == -1 and low != -1:
-        raise ConfigError(low_key, low, f"must be -1 while {high_key} is -1")
-    if high != -1 and not 0 <= low < high:
-        raise ConfigError(low_key, low, f"must be from 0 to below {high_key} = {high}")
-
-
-def _check_flow(config: Config) -> None:
-    """Watermarks: low below high, a destination's limit within the global one, and
-    below the hard limits that refuse."""
-    for section in ("vol_queue_store", "pers_queue_store", "topic_store"):
-        flow: StoreFlowSettings = getattr(config, section)
-        pairs = {
-            "msg": (flow.msg_high, flow.msg_low),
-            "byte": (flow.byte_high, flow.byte_low),
-            "global_msg": (flow.global_msg_high, flow.global_msg_low),
-            "global_byte": (flow.global_byte_high, flow.global_byte_low),
-        }
-        for what, (high, low) in pairs.items():
-            _check_watermark(f"{section}.{what}_high", high, f"{section}.{what}_low", low)
-        for what in ("msg", "byte"):
-            high, global_high = pairs[what][0], pairs["global_" + what][0]
-            if high != -1 and global_high != -1 and high > global_high:
-                raise ConfigError(
-                    f"{section}.{what}_high",
-                    high,
-                    f"must not exceed {section}.global_{what}_high = {global_high}",
-                )
-        if section != "topic_store" and flow.msg_high > config.queues.max_messages:
-            raise ConfigError(
-                f"{section}.msg_high",
-                flow.msg_high,
-                f"must not exceed queues.max_messages = {config.queues.max_messages} "
-                "(producers must stop before messages are refused)",
-            )
-    topics = config.topics
-    _check_watermark(
-        "topics.live_msg_high", topics.live_msg_high, "topics.live_msg_low", topics.live_msg_low
-    )
-    _check_watermark(
-        "topics.global_live_msg_high",
-        topics.global_live_msg_high,
-        "topics.global_live_msg_low",
-        topics.global_live_msg_low,
-    )
-    _check_watermark(
-        "topics.global_live_byte_high",
-        topics.global_live_byte_high,
-        "topics.global_live_byte_low",
-        topics.global_live_byte_low,
-    )
-    if -1 < topics.global_live_msg_high < topics.live_msg_high:
-        raise ConfigError(
-            "topics.live_msg_high",
-            topics.live_msg_high,
-            f"must not exceed topics.global_live_msg_high = {topics.global_live_msg_high}",
-        )
-    if topics.live_msg_high != -1 and topics.live_msg_high > topics.max_pending_messages:
-        raise ConfigError(
-            "topics.live_msg_high",
-            topics.live_msg_high,
-            f"must not exceed topics.max_pending_messages = {topics.max_pending_messages}",
-        )
-    for table in config.destinations:
-        where = f'destinations."{table.pattern}"'
-        hard = (
-            ("msg_high", table.msg_high, "queues.max_messages", config.queues.max_messages),
-            (
-                "live_msg_high",
-                table.live_msg_high,
-                "topics.max_pending_messages",
-                topics.max_pending_messages,
-            ),
-        )
-        for key, limit, hard_key, hard_value in hard:
-            if limit is not None and limit > hard_value:
-                raise ConfigError(
-                    f"{where}.{key}", limit, f"must not exceed {hard_key} = {hard_value}"
-                )
-        # A destination's limit above the global one of its store could never stop it.
-        stores: tuple[str, ...] = ("vol_queue_store", "pers_queue_store")
-        if table.pattern.startswith("/topic/"):
-            stores = ("topic_store",)
-        for what, limit in (("msg", table.msg_high), ("byte", table.byte_high)):
-            for store in stores:
-                global_high = getattr(getattr(config, store), f"global_{what}_high")
-                if limit is not None and limit != -1 and global_high != -1 and limit > global_high:
-                    raise ConfigError(
-                        f"{where}.{what}_high",
-                        limit,
-                        f"must not exceed {store}.global_{what}_high = {global_high}",
-                    )
-    vol = config.vol_queue_store
-    for key, high in (("byte_high", vol.byte_high), ("global_byte_high", vol.global_byte_high)):
-        if high > config.queues.max_bytes:
-            raise ConfigError(
-                f"vol_queue_store.{key}",
-                high,
-                f"must not exceed queues.max_bytes = {config.queues.max_bytes} "
-                "(producers must stop before messages are refused)",
-            )
-
-
-def load_config(path: str | Path | None = None) -> Config:
-    """The embedded defaults, overlaid with a TOML file when one is given."""
-    if path is None:
-        return config_from_mapping({})
-    try:
-        with open(path, "rb") as fh:
-            data = tomllib.load(fh)
-    except FileNotFoundError:
-        raise ConfigError("--config", str(path), "file not found") from None
-    except OSError as exc:
-        raise ConfigError("--config", str(path), f"cannot be read: {exc.strerror}") from None
-    except UnicodeDecodeError as exc:
-        raise ConfigError("--config", str(path), f"not UTF-8 text: {exc.reason}") from None
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError("--config", str(path), f"not valid TOML: {exc}") from None
-    return config_from_mapping(data)
-
-
-def iter_settings(config: Config) -> list[tuple[str, Any, str]]:
-    """(key, value, doc) for every setting, in declaration order (for `config show`)."""
-    rows: list[tuple[str, Any, str]] = []
-    for section in _sections():
-        obj = getattr(config, section.name)
-        for f in dataclasses.fields(obj):
-            rows.append((f"{section.name}.{f.name}", getattr(obj, f.name), f.metadata["doc"]))
-    return rows

@@ -61,7 +61,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Final
 
-from mpbroker.config import Config, ConfigError
+from mpbroker.config import Config, ConfigError, KiB, MiB, format_bytes, replace_settings
 
 __all__ = [
     "FIXED_COST_BYTES",
@@ -77,15 +77,11 @@ __all__ = [
     "check",
     "estimate",
     "fit_gateways",
-    "format_bytes",
     "plan",
     "process_costs",
     "render_plan",
     "require_fits",
 ]
-
-KiB: Final = 1024
-MiB: Final = 1024 * KiB
 
 # The idle cost of each role, measured with `python -m bench.fixedcost` on 2026-11-23 (2-CPU
 # machine, Python 3.11; the default set idles at 74.0 MiB PSS, three runs 73.9-74.0). Workers
@@ -123,24 +119,6 @@ PER_ENTRY_BYTES: Final = 400
 # The header page in front of every ring's data area (mpbroker/shm/_ring.py HEADER_BYTES): a
 # format constant, not a buffer.
 RING_HEADER_BYTES: Final = 4 * KiB
-
-
-def format_bytes(n: int) -> str:
-    """'64 KiB', '2 MiB', '20 MB', '19.09 MiB', '746 B': the largest unit of either kind,
-    exact when it is, else binary with two decimals."""
-    binary = next(((u, size) for u, size in _BINARY if n >= size), None)
-    decimal = next(((u, size) for u, size in _DECIMAL if n >= size), None)
-    for unit in (binary, decimal):
-        if unit is not None and n % unit[1] == 0:
-            return f"{n // unit[1]} {unit[0]}"
-    if binary is None:
-        return f"{n} B"
-    number = f"{n / binary[1]:.2f}".rstrip("0").rstrip(".")
-    return f"{number} {binary[0]}"
-
-
-_BINARY: Final = (("GiB", 1024 * MiB), ("MiB", MiB), ("KiB", KiB))
-_DECIMAL: Final = (("GB", 1000**3), ("MB", 1000**2), ("kB", 1000))
 
 
 def _plural(count: int, what: str) -> str:
@@ -565,7 +543,7 @@ def fit_gateways(config: Config) -> tuple[Config, str]:
         return config, ""
     cpus = broker.gateway_count()
     for gateways in range(cpus - 1, 0, -1):
-        fitted = config.replace("broker", gateways=gateways)
+        fitted = replace_settings(config, "broker", gateways=gateways)
         if check(fitted) is None:
             note = (
                 f"gateways: {gateways} of {cpus} CPUs (broker.gateways = 0): more would not fit "

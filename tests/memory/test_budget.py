@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from mpbroker import budget
-from mpbroker.budget import (
+from mpbroker.config import Config, KiB, MiB, config_from_mapping, format_bytes, replace_settings
+from mpbroker.memory import (
     FIXED_COST_BYTES,
     PER_CONNECTION_BYTES,
     PER_ENTRY_BYTES,
@@ -14,15 +14,12 @@ from mpbroker.budget import (
     RING_HEADER_BYTES,
     check,
     estimate,
-    format_bytes,
     plan,
 )
-from mpbroker.config import Config, config_from_mapping
+from mpbroker.memory import _budget as budget
 from mpbroker.routing import Topology
 from mpbroker.workers._layout import Layout
 
-KiB = 1024
-MiB = 1024 * KiB
 PROCESS = FIXED_COST_BYTES["gateway"]
 
 
@@ -338,7 +335,7 @@ def test_negative_counts_are_refused(field: str) -> None:
 
 
 def test_the_worked_example_in_the_docstring_is_the_default_plan() -> None:
-    # When a constant changes, update mpbroker/budget.py's docstring (and README.md).
+    # When a constant changes, update mpbroker/memory/_budget.py's docstring (and README.md).
     memory = plan(config())
     doc = " ".join((budget.__doc__ or "").split())
     for b in memory.budgets:
@@ -358,7 +355,7 @@ def test_the_worked_example_in_the_docstring_is_the_default_plan() -> None:
 def test_one_gateway_per_cpu_means_as_many_as_fit_in_max_memory(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from mpbroker.budget import fit_gateways
+    from mpbroker.memory import fit_gateways
 
     monkeypatch.setattr("os.cpu_count", lambda: 64)
     config = Config()
@@ -366,9 +363,9 @@ def test_one_gateway_per_cpu_means_as_many_as_fit_in_max_memory(
     fitted, note = fit_gateways(config)
     gateways = fitted.broker.gateways
     assert 1 <= gateways < 64 and check(fitted) is None
-    assert check(fitted.replace("broker", gateways=gateways + 1)) is not None  # the most
+    assert check(replace_settings(fitted, "broker", gateways=gateways + 1)) is not None  # the most
     assert note.startswith(f"gateways: {gateways} of 64 CPUs (broker.gateways = 0)")
-    explicit = Config().replace("broker", gateways=64)
+    explicit = replace_settings(Config(), "broker", gateways=64)
     assert fit_gateways(explicit) == (explicit, "")  # an explicit count is not changed
     monkeypatch.setattr("os.cpu_count", lambda: 2)
     assert fit_gateways(Config()) == (Config(), "")
