@@ -36,7 +36,7 @@ from ._control import (
     WorkerSlot,
     monotonic_ms,
 )
-from ._doorbell import Doorbell, park, park_async
+from ._doorbell import Doorbell
 from ._errors import (
     RingBrokenError,
     RingClosedError,
@@ -47,6 +47,7 @@ from ._errors import (
     ShmSpaceError,
 )
 from ._naming import SHM_DIR, remove_instance, segment_name, shm_path, sweep_stale
+from ._park import park, park_async
 from ._ring import (
     MAX_CAPACITY,
     MAX_KIND,

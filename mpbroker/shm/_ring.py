@@ -54,7 +54,7 @@ Memory ordering: the writer copies the payload and then stores head; the reader 
 then reads the payload; the reader copies records out and then stores tail. x86 (TSO) keeps
 these in order. The parking flag is the exception: "reader stores flag, loads head" against
 "writer stores head, loads flag" can be reordered even on x86, which is why parking always
-re-checks after setting the flag *and* waits with a timeout backstop (see ``_doorbell.park``).
+re-checks after setting the flag *and* waits with a timeout backstop (see ``_park.park``).
 On a weakly ordered CPU (ARM) the data stores could become visible after the head store; pure
 Python has no fence, so this module relies on x86-64 ordering (DESIGN.md: on ARM a system call
 would have to sit between writing the data and publishing the counter).
@@ -67,13 +67,11 @@ import os
 import struct
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, NoReturn
+from typing import NoReturn
 
+from ._doorbell import Doorbell
 from ._errors import RingBrokenError, RingClosedError
 from ._segment import create_segment_fd, map_fd, open_segment_fd, unlink_segment
-
-if TYPE_CHECKING:
-    from ._doorbell import Doorbell
 
 __all__ = [
     "MAX_CAPACITY",
