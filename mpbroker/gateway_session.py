@@ -26,6 +26,7 @@ from typing import ClassVar
 
 from mpbroker.compression import CorruptBody, compress, decompress
 from mpbroker.config import Config
+from mpbroker.errors import LimitReached, MessageTooLarge, Refusal
 from mpbroker.records import (
     ACK_AUTO,
     ACK_MODES,
@@ -81,14 +82,9 @@ _SEND_CONTROL_HEADERS = frozenset(
 _ARTICLE = {"id": "an"}
 
 
-class SessionError(Exception):
+class SessionError(Refusal):
     """Something the client did wrong: becomes an ERROR frame (answering the frame's
     receipt, if it asked for one), then the connection closes."""
-
-    def __init__(self, message: str, detail: str = "") -> None:
-        self.message = message
-        self.detail = detail
-        super().__init__(message)
 
 
 class SessionState:
@@ -213,7 +209,7 @@ class GatewaySession:
             return
         try:
             self._dispatch(frame, now_ms)
-        except SessionError as exc:
+        except Refusal as exc:
             # The ERROR answers the frame's receipt, so a client waiting on it wakes up.
             self.fail(exc.message, exc.detail, frame.headers.get("receipt", ""))
 
@@ -262,11 +258,7 @@ class GatewaySession:
         destination = self._required(frame, "destination")
         limit = self.config.memory.max_message_bytes
         if 0 <= limit < len(frame.body):
-            raise SessionError(
-                f"message body of {len(frame.body)} bytes exceeds max_message_bytes {limit}",
-                "The message was not accepted: send smaller messages, or raise "
-                "[memory] max_message_bytes.",
-            )
+            raise MessageTooLarge(len(frame.body), limit)
         pipeline = self._owner(destination)
         user_headers = {k: v for k, v in headers.items() if k not in _SEND_CONTROL_HEADERS}
         # JMS priority 0-9 (default 4); `expires` is absolute epoch ms as in ActiveMQ's
@@ -301,8 +293,10 @@ class GatewaySession:
         size = message_size(message)
         budget = self.tx_budget
         if budget.used + size > budget.limit:
-            raise SessionError(
-                f"ResourceAllocation: transactions max_uncommitted_bytes {budget.limit} reached",
+            raise LimitReached(
+                "transactions",
+                "max_uncommitted_bytes",
+                budget.limit,
                 f"transaction {tx.name!r} would hold {budget.used + size} bytes on this gateway",
             )
         budget.used += size
@@ -458,9 +452,7 @@ class GatewaySession:
             raise SessionError(f"transaction {name!r} is already open")
         limit = self.config.transactions.max_open_per_connection
         if len(self.transactions) >= limit:
-            raise SessionError(
-                f"ResourceAllocation: transactions max_open_per_connection {limit} reached"
-            )
+            raise LimitReached("transactions", "max_open_per_connection", limit)
         self.transactions[name] = _Transaction(name)
         self._immediate_receipt(frame)
 

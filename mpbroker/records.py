@@ -19,6 +19,8 @@ from typing import Any, ClassVar, Final
 
 import msgspec
 
+from mpbroker.errors import Refusal
+
 __all__ = [
     "ACK_AUTO",
     "ACK_CLIENT",
@@ -227,6 +229,11 @@ class Refuse(msgspec.Struct, array_like=True, gc=False):
     message: str
     detail: str = ""
     receipt: str = ""
+
+    @classmethod
+    def of(cls, conn: int, refusal: Refusal, receipt: str = "") -> Refuse:
+        """The record that carries `refusal` to the connection's gateway."""
+        return cls(conn, refusal.message, refusal.detail, receipt)
 
 
 class BarrierDone(msgspec.Struct, array_like=True, gc=False):

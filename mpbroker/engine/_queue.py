@@ -9,6 +9,7 @@ from typing import Protocol
 import msgspec
 
 from mpbroker.config import QueueSettings
+from mpbroker.errors import LimitReached
 from mpbroker.flow import DISCARD, ExpiryPolicy, FlowTracker, QuotaBook, expired_log_line
 from mpbroker.records import (
     ACK_AUTO,
@@ -133,19 +134,10 @@ class QueueEngine(Engine):
         message = record.message
         queue = self.queues.get(message.destination)
         size = message.size = message_size(message)
-        limit = self._refusal(queue.held_messages if queue else 0, size, message.persistent)
-        if not limit:
+        refusal = self._refusal(message.destination, queue, size, message.persistent)
+        if refusal is None:
             return True
-        self.outbox.add(
-            gateway,
-            Refuse(
-                record.conn,
-                f"ResourceAllocation: {message.destination} {limit} reached",
-                "The message was not accepted. Consume from the queue, or raise the "
-                "limit in the broker's [queues] configuration.",
-                record.receipt,
-            ),
-        )
+        self.outbox.add(gateway, Refuse.of(record.conn, refusal, record.receipt))
         return False
 
     def restore(self, message: Message, queue: str = "") -> None:
@@ -232,17 +224,28 @@ class QueueEngine(Engine):
                     return paged
         return paged
 
-    def _refusal(self, held_messages: int, size: int, persistent: bool) -> str:
-        """The limit a new message of `size` bytes would break, or '' if it fits.
+    def _refusal(
+        self, destination: str, queue: _Queue | None, size: int, persistent: bool
+    ) -> LimitReached | None:
+        """The limit a new message of `size` bytes would break, or None if it fits.
 
         `max_bytes` bounds the memory of non-persistent messages; persistent ones live in
         the store, their memory bounded by the index cache.
         """
-        if held_messages >= self.settings.max_messages:
-            return f"max_messages {self.settings.max_messages}"
-        if not persistent and self.held_bytes + size > self.settings.max_bytes:
-            return f"max_bytes {self.settings.max_bytes}"
-        return ""
+        settings = self.settings
+        limit: tuple[str, int] | None = None
+        if queue is not None and queue.held_messages >= settings.max_messages:
+            limit = ("max_messages", settings.max_messages)
+        elif not persistent and self.held_bytes + size > settings.max_bytes:
+            limit = ("max_bytes", settings.max_bytes)
+        if limit is None:
+            return None
+        return LimitReached(
+            destination,
+            *limit,
+            "The message was not accepted. Consume from the queue, or raise the "
+            "limit in the broker's [queues] configuration.",
+        )
 
     def _taken_index(self, message: Message, queue: str) -> Message:
         """A message leaves `pending` without being delivered: the cache count moves, a

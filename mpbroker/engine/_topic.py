@@ -9,6 +9,7 @@ from typing import Protocol
 import msgspec
 
 from mpbroker.config import TopicSettings
+from mpbroker.errors import LimitReached
 from mpbroker.flow import FlowChange, Level, Watermark
 from mpbroker.records import (
     NO_HEADERS,
@@ -93,17 +94,14 @@ class TopicEngine(Engine):
         limit = self.settings.max_pending_messages
         for consumer in subscribers:
             if len(consumer.pending) >= limit:
-                self.outbox.add(
-                    gateway,
-                    Refuse(
-                        record.conn,
-                        f"ResourceAllocation: {message.destination} max_pending_messages "
-                        f"{limit} reached",
-                        f"Subscription {consumer.sub_id!r} has {limit} undelivered messages; "
-                        "the message was not published to anyone.",
-                        record.receipt,
-                    ),
+                refusal = LimitReached(
+                    message.destination,
+                    "max_pending_messages",
+                    limit,
+                    f"Subscription {consumer.sub_id!r} has {limit} undelivered messages; "
+                    "the message was not published to anyone.",
                 )
+                self.outbox.add(gateway, Refuse.of(record.conn, refusal, record.receipt))
                 return
         self.received += 1
         # One Deliver per gateway carries every target there, so a fan-out to many

@@ -20,6 +20,7 @@ import trio
 
 from mpbroker import records
 from mpbroker.clock import epoch_ms
+from mpbroker.errors import LimitReached
 from mpbroker.flow import (
     STORE_MEMORY,
     FlowGate,
@@ -510,13 +511,15 @@ class Gateway:
         destination = frame.headers.get("destination", "")
         timeout = self.config.send_timeout_ms(destination)
         where = f"{stop.store}.{stop.reason.split(' ')[0]}"
-        message = f"ResourceAllocation: {destination} {stop.reason} reached"
-        detail = (
-            f"The message was not accepted: {'its destination' if stop.destination else 'the store'}"
-            f" stayed over {where} for send_timeout_ms {timeout}."
+        refusal = LimitReached(
+            destination,
+            stop.reason,
+            detail=f"The message was not accepted: "
+            f"{'its destination' if stop.destination else 'the store'}"
+            f" stayed over {where} for send_timeout_ms {timeout}.",
         )
-        log.info("refused a SEND from %s: %s", conn.peer, message)
-        conn.session.fail(message, detail, frame.headers.get("receipt", ""))
+        log.info("refused a SEND from %s: %s", conn.peer, refusal.message)
+        conn.session.fail(refusal.message, refusal.detail, frame.headers.get("receipt", ""))
 
     async def _writer(self, conn: _Connection) -> None:
         session = conn.session

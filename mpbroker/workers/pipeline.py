@@ -18,6 +18,7 @@ from mpbroker import records
 from mpbroker.clock import epoch_ms
 from mpbroker.config import Config
 from mpbroker.engine import Engine, Outbox, QueueEngine, TopicEngine
+from mpbroker.errors import LimitReached, NeverFits
 from mpbroker.flow import (
     STORE_LIVE,
     STORE_PERSISTENT_QUEUES,
@@ -321,16 +322,13 @@ class Pipeline:
         message.size = message_size(message)
         destination = message.destination
         if not quotas.fits_ever(destination, message.size):
-            self.outbox.add(
-                gateway,
-                Refuse(
-                    record.conn,
-                    f"ResourceAllocation: {destination} {quotas.describe(destination)}: "
-                    f"a {message.size}-byte message can never fit",
-                    "The message was not accepted.",
-                    record.receipt,
-                ),
+            refusal = NeverFits(
+                destination,
+                quotas.describe(destination),
+                message.size,
+                "The message was not accepted.",
             )
+            self.outbox.add(gateway, Refuse.of(record.conn, refusal, record.receipt))
             return False
         ticket = next(self.quota_tickets)
         if quotas.request(ticket, destination, message.size):
@@ -352,16 +350,13 @@ class Pipeline:
             granted += quotas.cancel(ticket)
             destination = record.message.destination
             timeout = self.spec.config.send_timeout_ms(destination)
-            self.outbox.add(
-                gateway,
-                Refuse(
-                    record.conn,
-                    f"ResourceAllocation: {destination} {quotas.describe(destination)} reached",
-                    f"The message was not accepted: it waited send_timeout_ms {timeout} for "
-                    "room in the quota.",
-                    record.receipt,
-                ),
+            refusal = LimitReached(
+                destination,
+                quotas.describe(destination),
+                detail=f"The message was not accepted: it waited send_timeout_ms {timeout} for "
+                "room in the quota.",
             )
+            self.outbox.add(gateway, Refuse.of(record.conn, refusal, record.receipt))
         for ticket in granted:
             held = self.quota_held.pop(ticket, None)
             if held is not None:

@@ -1,0 +1,69 @@
+"""What the broker refuses to do for a client, as typed errors that build their own text.
+
+Each becomes one ERROR frame: its `message` header is the error's `message`, its body the
+`detail` (what was or was not done, and what the client can do about it); the connection
+closes after it. The texts follow ActiveMQ's `ResourceAllocationException` where a limit is
+the reason, so clients that look for that word keep working.
+
+Pipelines build them too: the `Refuse` record carries `message` and `detail` to the gateway.
+"""
+
+from __future__ import annotations
+
+__all__ = ["LimitReached", "MessageTooLarge", "NeverFits", "Refusal"]
+
+
+class Refusal(Exception):
+    """Something a client asked for that the broker will not do; the base of every error
+    that becomes an ERROR frame (a client's protocol mistake included)."""
+
+    def __init__(self, message: str, detail: str = "") -> None:
+        self.message = message
+        self.detail = detail
+        super().__init__(message)
+
+
+class LimitReached(Refusal):
+    """A limit stopped a message or a request: ``ResourceAllocation: <where> <limit> <value>
+    reached``, e.g. ``ResourceAllocation: /queue/orders msg_high 5000 reached``.
+
+    `where` is the destination (or what else the limit is of, such as ``transactions``);
+    `limit` the setting's name, or a name and its value where the limit has several parts
+    (``quota default max_messages 10, max_bytes 1048576``); `value` the limit's value, when
+    `limit` does not already say it.
+    """
+
+    def __init__(
+        self, where: str, limit: str, value: int | str | None = None, detail: str = ""
+    ) -> None:
+        self.where = where
+        self.limit = limit
+        self.value = value
+        shown = limit if value is None else f"{limit} {value}"
+        super().__init__(f"ResourceAllocation: {where} {shown} reached", detail)
+
+
+class NeverFits(Refusal):
+    """A message larger than a limit could ever make room for: ``ResourceAllocation: <where>
+    <limit>: a <size>-byte message can never fit``."""
+
+    def __init__(self, where: str, limit: str, size: int, detail: str = "") -> None:
+        self.where = where
+        self.limit = limit
+        self.size = size
+        super().__init__(
+            f"ResourceAllocation: {where} {limit}: a {size}-byte message can never fit", detail
+        )
+
+
+class MessageTooLarge(Refusal):
+    """A SEND whose body is above `memory.max_message_bytes`."""
+
+    def __init__(self, size: int, limit: int) -> None:
+        self.size = size
+        self.limit = limit
+        super().__init__(
+            f"message body of {size} bytes exceeds max_message_bytes {limit}",
+            "The message was not accepted: send smaller messages, or raise "
+            "[memory] max_message_bytes.",
+        )
