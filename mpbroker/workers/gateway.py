@@ -1,13 +1,15 @@
 """Gateway worker: STOMP over TCP (trio) on one side, rings to the pipelines on the other.
 
 A thin shell: `FrameParser` turns bytes into frames, `GatewaySession` decides what they
-mean, and this module moves bytes between sockets and rings. Every gateway listens on the
+mean, `Admission` decides whether a SEND may go now, and this module moves bytes between
+sockets and rings and does the waiting. Every gateway listens on the
 same port with SO_REUSEPORT, so the kernel spreads connections over them.
 """
 
 from __future__ import annotations
 
 import contextlib
+import enum
 import errno
 import itertools
 import logging
@@ -20,18 +22,17 @@ import trio
 
 from mpbroker import records
 from mpbroker.clock import epoch_ms
-from mpbroker.errors import LimitReached
-from mpbroker.flow import (
-    STORE_MEMORY,
-    FlowGate,
-    RateFlow,
-    RateSettings,
-    Stop,
-    rate_settings_for,
-    throttle_rate_settings,
-)
-from mpbroker.gateway_session import GatewaySession, SessionState, TransactionBudget
+from mpbroker.flow import FlowGate, Stop
 from mpbroker.records import Hello, Record
+from mpbroker.session import (
+    Admission,
+    GatewaySession,
+    Pace,
+    Pacer,
+    SessionState,
+    TransactionBudget,
+    flow_controlled,
+)
 from mpbroker.shm import (
     STATE_READY,
     STATE_STOPPING,
@@ -68,9 +69,18 @@ COUNTER_FRAMES_IN = 1
 COUNTER_MESSAGES_OUT = 2
 
 _LISTEN_BACKLOG = 1024
-# The key of a producer's MemWatch pace in _Connection.rates (no destination is "").
-_MEMORY_RATE = ""
 _CLOSE_TIMEOUT_S = 2.0
+
+
+class _Admitted(enum.Enum):
+    """What flow control did with a SEND."""
+
+    GO = "went at once"
+    WAITED = "went after waiting (its timestamp is taken again)"
+    REFUSED = "was refused (the ERROR is queued)"
+
+
+_GO, _WAITED, _REFUSED = _Admitted.GO, _Admitted.WAITED, _Admitted.REFUSED
 
 
 class _Port:
@@ -94,15 +104,19 @@ class _Port:
 
 
 class _Connection:
+    """One client's socket and session, and what the shell keeps for them: the bytes taken
+    from the session and not yet written, the writer's wake-up, the producer's paces."""
+
     def __init__(self, session: GatewaySession, stream: trio.SocketStream, peer: str) -> None:
         self.session = session
         self.stream = stream
         self.peer = peer
         self.wake = trio.Event()
-        self.last_received = time.monotonic()
-        # Rate-based flow: this producer's pace per destination while it is controlled,
-        # and over all destinations (key _MEMORY_RATE) while MemWatch throttles.
-        self.rates: dict[str, RateFlow] = {}
+        self.unsent: list[bytes | memoryview] = []
+        # One task at a time takes the session's output and routes its records, so a
+        # connection's records reach each pipeline in the order the session made them.
+        self.flushing = trio.Lock()
+        self.pacer = Pacer()
 
     def notify(self) -> None:
         self.wake.set()
@@ -153,8 +167,7 @@ class Gateway:
         # SENDs held by flow control now, for the admin API: conn -> (destination, stop, since).
         self.held_sends: dict[_Connection, tuple[str, Stop, float]] = {}
         self.stats = StatsBlock.attach(layout.stats(spec.slot))
-        self.rate_for = rate_settings_for(self.config)
-        self.throttle_rate = throttle_rate_settings(self.config)
+        self.admission = Admission(self.config, self.flow)
         self.config_watch = ConfigWatch(self.control, spec)
         self.level_gc = LevelGC(self.control, spec.config)
         # MemWatch's level as last seen: held SENDs wake when it changes.
@@ -165,9 +178,19 @@ class Gateway:
     async def route(self, routes: list[tuple[int, Record]]) -> None:
         for pipeline, record in routes:
             await self.ports[pipeline].send(record)
-        routes.clear()
         for port in self.ports:
             port.flush()
+
+    async def flush(self, conn: _Connection) -> None:
+        """Take what the connection's session wants done: its bytes go to the writer, its
+        records to the pipelines."""
+        async with conn.flushing:
+            output = conn.session.take_output()
+            if output.data:
+                conn.unsent += output.data
+                conn.notify()
+            if output.records:
+                await self.route(output.records)
 
     async def pump(self) -> None:
         """Take records from the pipelines and turn them into frames for connections."""
@@ -176,6 +199,7 @@ class Gateway:
         decode = records.decode
         while True:
             touched: set[_Connection] = set()
+            restarted: list[_Connection] = []
             pending_routes: list[tuple[int, Record]] = []
             got = False
             for reader in self.readers:
@@ -184,9 +208,11 @@ class Gateway:
                     continue
                 got = True
                 for kind, payload in batch:
-                    self._apply(decode(kind, payload), touched, pending_routes)
+                    self._apply(decode(kind, payload), touched, restarted, pending_routes)
             for conn in touched:
                 conn.notify()
+            for conn in restarted:
+                await self.flush(conn)  # the subscriptions again, before Registered
             if pending_routes:
                 await self.route(pending_routes)
             # The heartbeat says the event loop turns, busy or idle (park times out).
@@ -200,8 +226,7 @@ class Gateway:
                 # SIGHUP: send timeouts and rate-based flow as reloaded; held SENDs and
                 # producers being paced go on with what they started with.
                 self.config = reloaded
-                self.rate_for = rate_settings_for(reloaded)
-                self.throttle_rate = throttle_rate_settings(reloaded)
+                self.admission.configure(reloaded)
                 log.info("flow settings reloaded")
             if got:
                 await trio.lowlevel.checkpoint()
@@ -212,6 +237,7 @@ class Gateway:
         self,
         record: Record,
         touched: set[_Connection],
+        restarted: list[_Connection],
         pending_routes: list[tuple[int, Record]],
     ) -> None:
         match record:
@@ -241,9 +267,8 @@ class Gateway:
                 if incarnation > 0:
                     log.info("pipeline %d restarted: re-registering subscriptions", pipeline)
                 for conn in self.connections.values():
-                    conn.session.resubscribe(pipeline)
-                    pending_routes.extend(conn.session.routes)
-                    conn.session.routes.clear()
+                    conn.session.pipeline_restarted(pipeline)
+                    restarted.append(conn)
                 pending_routes.append((pipeline, records.Registered(self.index, incarnation)))
                 # Its predecessor's stops are moot; it announces the ones that still hold.
                 self.flow.pipeline_restarted(pipeline)
@@ -258,18 +283,15 @@ class Gateway:
         self.flow_changed.set()
         self.flow_changed = trio.Event()
 
-    async def _wait_for_room(
-        self, session: GatewaySession, frame: Frame, stop: Stop
-    ) -> Stop | None:
-        """Hold a SEND while its destination is stopped, at most `send_timeout_ms`; the
+    async def _wait_for_room(self, frame: Frame, stop: Stop) -> Stop | None:
+        """Hold a SEND while its destination is stopped, at most its send timeout; the
         stop still in force then (None: it may go). The connection reads nothing more
         meanwhile (frames after it must not overtake it); other connections go on."""
-        destination = frame.headers.get("destination", "")
         current: Stop | None = stop
-        with trio.move_on_after(self.config.send_timeout_ms(destination) / 1000):
+        with trio.move_on_after(self.admission.send_timeout_s(frame)):
             while current is not None:
                 await self.flow_changed.wait()
-                current = self._stop_for(session, frame)
+                current = self.admission.stop_for(frame, self.control.memwatch_level)
         return current
 
     async def publish_stats(self) -> None:
@@ -340,11 +362,11 @@ class Gateway:
         finally:
             del self.connections[conn_id]
             self.slot.add_counter(COUNTER_CONNECTIONS, -1)
-            routes = session.close_records()
+            session.closed()
             # Shielded so a cancelled connection still tells its pipelines; bounded so a
             # full ring to a stopped pipeline cannot hold the gateway up at shutdown.
             with trio.move_on_after(_CLOSE_TIMEOUT_S, shield=True):
-                await self.route(routes)
+                await self.flush(conn)
             await trio.aclose_forcefully(stream)
 
     async def _refuse(self, stream: trio.SocketStream, peer: str, limit: int) -> None:
@@ -368,8 +390,8 @@ class Gateway:
         # One socket read; frames within are handled as one batch.
         reader_bytes = self.config.memory.socket_reader_threshold_bytes
         connect_deadline = trio.current_time() + stomp.connect_timeout_ms / 1000
-        while not session.closing and not session.disconnecting:
-            if session.state == SessionState.AWAIT_CONNECT:
+        while session.accepts_frames():
+            if session.state is SessionState.AWAITING_CONNECT:
                 deadline = connect_deadline
             elif session.heartbeat[1]:
                 deadline = trio.current_time() + session.heartbeat[1] * stomp.heartbeat_grace / 1000
@@ -381,177 +403,94 @@ class Gateway:
                 except (trio.BrokenResourceError, trio.ClosedResourceError):
                     data = b""
             if scope.cancelled_caught:
-                if session.state == SessionState.AWAIT_CONNECT:
-                    reason = f"no CONNECT within connect_timeout_ms {stomp.connect_timeout_ms}"
-                else:
-                    reason = (
-                        f"no heart-beat or frame for {session.heartbeat[1] * stomp.heartbeat_grace:.0f} ms "
-                        f"(negotiated heart-beat {session.heartbeat[1]} ms)"
-                    )
-                log.info("closing %s: %s", conn.peer, reason)
-                session.fail(reason)
+                log.info("closing %s: %s", conn.peer, session.timed_out(stomp.heartbeat_grace))
                 break
             if not data:
-                # The client went away: nothing more can be written to it.
-                session.closing = True
-                session.discard_unwritten()
+                session.closed()  # the client went away: nothing more can be written to it
                 break
             try:
                 frames = parser.feed(data)
             except ProtocolError as exc:
                 log.warning("protocol error from %s: %s", conn.peer, exc)
-                session.fail(str(exc))
+                session.frame_error(exc)
                 frames = []
             now = epoch_ms()
             for frame in frames:
-                await self._memory_paced(conn, frame)
-                # Rate-based flow slows a producer down instead of stopping it.
-                paced = await self._paced(conn, frame)
-                stop = None if paced else self._stop_for(session, frame)
-                if stop is not None:
-                    # What came before it goes first; then it waits for room.
-                    if session.routes:
-                        await self.route(session.routes)
-                    destination = frame.headers.get("destination", "")
-                    self.held_sends[conn] = (destination, stop, time.monotonic())
-                    try:
-                        stop = await self._wait_for_room(session, frame, stop)
-                    finally:
-                        del self.held_sends[conn]
-                    if stop is not None:
-                        self._refuse_stopped(conn, frame, stop)
+                if flow_controlled(session.state, frame):
+                    admitted = await self._admit(conn, frame)
+                    if admitted is _REFUSED:
                         break
-                    now = epoch_ms()
-                was_connected = session.connected
-                session.on_frame(frame, now)
-                if not was_connected and session.connected:
-                    parser.version = session.version
-                    conn.notify()  # heart-beat intervals changed
-                if session.is_closing():
+                    if admitted is _WAITED:
+                        now = epoch_ms()
+                session.frame_received(frame, now)
+                parser.version = session.version  # CONNECT may have changed it
+                if not session.accepts_frames():
                     break
             self.slot.add_counter(COUNTER_FRAMES_IN, len(frames))
-            if session.routes:
-                await self.route(session.routes)
-            if session.out or session.closing or session.disconnecting:
-                conn.notify()
+            await self.flush(conn)
+        conn.notify()  # the writer writes what is owed and ends the connection
 
-    async def _paced(self, conn: _Connection, frame: Frame) -> bool:
-        """Rate-based flow (WebLogic): a SEND to a destination with `flow_control` waits
-        for its producer's turn at the current rate, which decays while the destination is
-        armed and recovers once it is not. True when the destination is rate-controlled."""
-        if not _flow_controlled(conn.session, frame):
-            return False
-        destination = frame.headers.get("destination", "")
-        settings = self.rate_for(destination)
-        if settings is None:
-            return False
-        persistent = frame.headers.get("persistent") == "true"
-        armed = self.flow.stop_for(destination, persistent) is not None
-        await self._take_turn(conn, destination, armed, settings)
-        return True
-
-    async def _take_turn(
-        self, conn: _Connection, key: str, armed: bool, settings: RateSettings
-    ) -> None:
-        """Wait for the producer's turn at its rate for `key` (geometric decay while
-        `armed`, linear recovery after; no rate once fully recovered), what it sent before
-        going first."""
-        now = trio.current_time()
-        rate = conn.rates.get(key)
-        if armed:
-            if rate is None:
-                rate = conn.rates[key] = RateFlow(settings)
-            rate.arm(now)
-        elif rate is None:
-            return
-        else:
-            rate.disarm(now)
-            if rate.rate(now) is None:  # fully recovered: no longer controlled
-                del conn.rates[key]
-                return
-        delay = rate.delay(now)
-        if delay > 0:
-            if conn.session.routes:
-                await self.route(conn.session.routes)  # what came before goes first
-            await trio.sleep(delay)
-        rate.sent(trio.current_time())
-
-    def _stop_for(self, session: GatewaySession, frame: Frame) -> Stop | None:
-        if not _flow_controlled(session, frame):
-            return None
-        destination = frame.headers.get("destination", "")
-        threshold = self.config.memory.socket_reader_threshold_bytes
-        if len(frame.body) > threshold and self._memory_short():
-            # A large message waits while memory is short (the seed's socket reader
-            # threshold: smaller ones are taken without a memory check).
-            level = self.config.memory.throttle_level
-            return Stop(
-                "",
-                STORE_MEMORY,
-                f"throttle_level {level} (MemWatch level {self.control.memwatch_level}; a "
-                f"{len(frame.body)}-byte message is above socket_reader_threshold_bytes "
-                f"{threshold})",
-            )
-        if not self.flow.stops:
-            return None
-        return self.flow.stop_for(destination, frame.headers.get("persistent") == "true")
-
-    def _memory_short(self) -> bool:
-        level = self.config.memory.throttle_level
-        return bool(level) and self.control.memwatch_level >= level
-
-    async def _memory_paced(self, conn: _Connection, frame: Frame) -> None:
-        """MemWatch at `memory.throttle_level`: every producer is slowed down with the
-        [flow] rates (geometric decay), and recovers linearly once memory is back under."""
-        if not _flow_controlled(conn.session, frame):
-            return
-        await self._take_turn(conn, _MEMORY_RATE, self._memory_short(), self.throttle_rate)
-
-    def _refuse_stopped(self, conn: _Connection, frame: Frame, stop: Stop) -> None:
-        destination = frame.headers.get("destination", "")
-        timeout = self.config.send_timeout_ms(destination)
-        where = f"{stop.store}.{stop.reason.split(' ')[0]}"
-        refusal = LimitReached(
-            destination,
-            stop.reason,
-            detail=f"The message was not accepted: "
-            f"{'its destination' if stop.destination else 'the store'}"
-            f" stayed over {where} for send_timeout_ms {timeout}.",
-        )
+    async def _admit(self, conn: _Connection, frame: Frame) -> _Admitted:
+        """Flow control for one SEND: wait for the producer's turn while it is paced, or
+        for room while it is stopped (what it sent before goes first); refused when it was
+        held past its send timeout."""
+        admission = self.admission
+        waited = await self._take_turn(conn, admission.memory_pace(self.control.memwatch_level))
+        pace = admission.rate_pace(frame)
+        if pace is not None:
+            # Rate-based flow slows a producer down instead of stopping it.
+            waited |= await self._take_turn(conn, pace)
+            return _WAITED if waited else _GO
+        stop = admission.stop_for(frame, self.control.memwatch_level)
+        if stop is None:
+            return _WAITED if waited else _GO
+        await self.flush(conn)
+        self.held_sends[conn] = (frame.headers.get("destination", ""), stop, time.monotonic())
+        try:
+            stop = await self._wait_for_room(frame, stop)
+        finally:
+            del self.held_sends[conn]
+        if stop is None:
+            return _WAITED
+        refusal = admission.refusal(frame, stop)
         log.info("refused a SEND from %s: %s", conn.peer, refusal.message)
-        conn.session.fail(refusal.message, refusal.detail, frame.headers.get("receipt", ""))
+        conn.session.refuse(frame, refusal)
+        return _REFUSED
+
+    async def _take_turn(self, conn: _Connection, pace: Pace) -> bool:
+        """Wait for the producer's turn at its pace, what it sent before going first;
+        True if it had to wait."""
+        delay = conn.pacer.delay(pace, trio.current_time())
+        if delay is None:
+            return False
+        if delay > 0:
+            await self.flush(conn)
+            await trio.sleep(delay)
+        conn.pacer.sent(pace[0], trio.current_time())
+        return delay > 0
 
     async def _writer(self, conn: _Connection) -> None:
         session = conn.session
         stream = conn.stream
         while True:
-            if not session.out:
-                if session.closing and not session.pending_receipts:
+            await self.flush(conn)
+            if not conn.unsent:
+                if session.is_ending():
                     return
                 send_every = session.heartbeat[0]
                 timeout = send_every / 1000 if send_every else float("inf")
                 with trio.move_on_after(timeout) as scope:
                     await conn.wake.wait()
                 conn.wake = trio.Event()
-                if scope.cancelled_caught and not session.out:
-                    session.out.append(HEARTBEAT_BYTES)
-                if not session.out:
-                    continue
-            data = b"".join(session.out)
-            session.out.clear()
-            # Auto-ack deliveries handed to the socket leave their windows now: once
-            # given to send_all they may reach the client, so they must never come back
-            # (at most once); and the window still bounds what this gateway buffers.
-            credits = session.take_credits()
-            if credits:
-                await self.route(credits)
+                if scope.cancelled_caught:
+                    conn.unsent.append(HEARTBEAT_BYTES)
+                continue
+            data = b"".join(conn.unsent)
+            conn.unsent.clear()
             try:
                 await stream.send_all(data)
             except (trio.BrokenResourceError, trio.ClosedResourceError):
-                session.closing = True
-                session.discard_unwritten()
-                return
-            if session.closing and not session.out and not session.pending_receipts:
+                session.closed()
                 return
 
     # -- lifecycle -----------------------------------------------------------------------
@@ -560,7 +499,7 @@ class Gateway:
         """SIGTERM: tell every client, let the writers flush, then stop."""
         self.stopping = True
         for conn in list(self.connections.values()):
-            conn.session.fail("broker is shutting down")
+            conn.session.broker_stopping()
             conn.notify()
         with trio.move_on_after(2):
             while self.connections:
@@ -574,12 +513,6 @@ class Gateway:
         self.doorbell.close()
         self.stats.close()
         self.control.close()
-
-
-def _flow_controlled(session: GatewaySession, frame: Frame) -> bool:
-    """A SEND that flow control may hold or pace: not one inside a transaction (the
-    transaction budget bounds those; they reach the pipeline at COMMIT)."""
-    return frame.command == "SEND" and session.connected and "transaction" not in frame.headers
 
 
 def _listen_socket(host: str, port: int) -> trio.socket.SocketType:

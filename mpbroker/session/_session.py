@@ -1,11 +1,16 @@
 """The server side of one STOMP connection, as a sans-IO state machine.
 
-The gateway worker feeds it parsed frames and records from pipelines; the session answers
-with bytes to write to the socket (`out`), records to send to pipelines (`routes`) and
-whether the connection must close once `out` is written (`closing`). It owns everything a
-gateway knows about a connection: version and heart-beat negotiation, the subscription
-table (STOMP ids <-> gateway handles), open transactions, and receipts that need several
-pipelines to answer (DISCONNECT, COMMIT).
+The gateway shell feeds it events -- frames from the client (`frame_received`), what went
+wrong with the connection (`frame_error`, `timed_out`, `closed`, `broker_stopping`), what
+its pipelines answered (`deliver`, `receipt`, `refused`, `barrier_done`,
+`pipeline_restarted`) -- and takes what the session wants done with `take_output()`: bytes
+for the socket and records for the pipelines. It never writes the session's fields; the
+session's state (`_state`) says whether to read more (`accepts_frames()`) and whether the
+connection ends once the output is written (`is_ending()`).
+
+The session owns everything a gateway knows about a connection: version and heart-beat
+negotiation, the subscription table (STOMP ids <-> gateway handles), open transactions, and
+receipts that need several pipelines to answer (DISCONNECT, COMMIT).
 
 No sockets, no clocks: times come in as arguments.
 
@@ -47,15 +52,17 @@ from mpbroker.routing import Topology, UnknownDestination, parse_destination
 from mpbroker.stomp import (
     SUPPORTED_VERSIONS,
     Frame,
+    ProtocolError,
     encode_frame,
     escape_header_value,
     negotiate_heartbeat,
     negotiate_version,
     parse_heartbeat,
 )
-from mpbroker.stomp import ProtocolError as CodecProtocolError
 
-__all__ = ["GatewaySession", "SessionError", "SessionState", "TransactionBudget"]
+from ._state import READING, WRITING, Event, SessionState, SessionStateError, transition
+
+__all__ = ["GatewaySession", "SessionError", "SessionOutput", "TransactionBudget"]
 
 BROKER_NAME = "mpbroker"
 
@@ -87,14 +94,9 @@ class SessionError(Refusal):
     receipt, if it asked for one), then the connection closes."""
 
 
-class SessionState:
-    AWAIT_CONNECT = "await-connect"
-    CONNECTED = "connected"
-    CLOSING = "closing"
-
-
 class TransactionBudget:
-    """Bytes held in open transactions by all connections of one gateway."""
+    """Bytes held in open transactions by all connections of one gateway (shared by their
+    sessions: `transactions.max_uncommitted_bytes` is a budget of the gateway process)."""
 
     def __init__(self, limit: int) -> None:
         self.limit = limit
@@ -150,6 +152,22 @@ class _Transaction:
     held_bytes: int = 0
 
 
+@dataclass(slots=True)
+class SessionOutput:
+    """What a session wants done, taken with `GatewaySession.take_output()`.
+
+    `data` goes to the socket, in order. `records` go to the pipelines (`(pipeline index,
+    record)`), in order; they include the credits of the auto-acknowledged deliveries in
+    `data`, which leave their windows when taken: write `data` now (or, if the socket is
+    gone, feed `closed()`: at most once)."""
+
+    data: list[bytes | memoryview] = field(default_factory=list)
+    records: list[tuple[int, Record]] = field(default_factory=list)
+
+    def __bool__(self) -> bool:
+        return bool(self.data or self.records)
+
+
 @dataclass(eq=False, slots=True)
 class _PendingReceipt:
     """A receipt sent once every pipeline in `waiting` answered its Barrier."""
@@ -160,6 +178,8 @@ class _PendingReceipt:
 
 
 class GatewaySession:
+    """One client connection: STOMP frames in, bytes and pipeline records out."""
+
     def __init__(
         self,
         conn: int,
@@ -173,49 +193,130 @@ class GatewaySession:
         self.topology = topology
         self.message_ids = message_ids
         self.tx_budget = tx_budget
-        self.state = SessionState.AWAIT_CONNECT
-        self.version = "1.2"
+        self._state = SessionState.AWAITING_CONNECT
+        self._version = "1.2"
         # (send_every_ms, expect_every_ms), 0 = off; set by CONNECT.
-        self.heartbeat = (0, 0)
-        self.client_id = ""
-        self.out: list[bytes | memoryview] = []
-        self.routes: list[tuple[int, Record]] = []
-        self.closing = False
-        # DISCONNECT seen: no more frames are read, the connection closes after its receipt.
-        self.disconnecting = False
-        self.subs_by_id: dict[str, _Subscription] = {}
-        self.subs: dict[int, _Subscription] = {}
+        self._heartbeat = (0, 0)
+        self._client_id = ""
+        self._data: list[bytes | memoryview] = []
+        self._records: list[tuple[int, Record]] = []
+        self._subs_by_id: dict[str, _Subscription] = {}
+        self._subs: dict[int, _Subscription] = {}
         self._handles = itertools.count(1)
         self._tokens = itertools.count(1)
-        self.touched: set[int] = set()
-        self.transactions: dict[str, _Transaction] = {}
-        self.pending_receipts: dict[int, _PendingReceipt] = {}
-        self.auto_delivered: dict[int, int] = {}
+        # The pipelines this connection sent anything to: they hear of its end.
+        self._touched: set[int] = set()
+        self._transactions: dict[str, _Transaction] = {}
+        self._pending_receipts: dict[int, _PendingReceipt] = {}
+        # Auto-ack deliveries in `_data` per subscription handle: credited when taken.
+        self._auto_delivered: dict[int, int] = {}
+
+    # -- what the shell may read ---------------------------------------------------------
 
     @property
-    def connected(self) -> bool:
-        return self.state == SessionState.CONNECTED
+    def state(self) -> SessionState:
+        return self._state
 
-    def is_closing(self) -> bool:
-        """Whether the connection ends once `out` is written (a method, not an attribute
-        read, because every handler may change it)."""
-        return self.closing
+    @property
+    def version(self) -> str:
+        """The negotiated STOMP version ("1.2" until CONNECT says otherwise)."""
+        return self._version
 
-    # -- frames from the client ----------------------------------------------------------
+    @property
+    def client_id(self) -> str:
+        """The `client-id` CONNECT gave ("" if none): durable subscriptions are named by it."""
+        return self._client_id
 
-    def on_frame(self, frame: Frame, now_ms: int) -> None:
-        """Handle one client frame; a client mistake becomes an ERROR and `closing`."""
-        if self.closing or self.disconnecting:
-            return
+    @property
+    def heartbeat(self) -> tuple[int, int]:
+        """(send every ms, expect every ms) as negotiated; 0 = off."""
+        return self._heartbeat
+
+    # Methods, not properties: every event may change them (and a type checker would
+    # take a property read twice for the same value).
+    def accepts_frames(self) -> bool:
+        """Whether client frames are still read and handled."""
+        return self._state in READING
+
+    def is_ending(self) -> bool:
+        """Whether the connection ends once the output is written (or has ended)."""
+        return self._state in (SessionState.CLOSING, SessionState.CLOSED)
+
+    def take_output(self) -> SessionOutput:
+        """Everything the session wants done since the last call; see `SessionOutput`."""
+        output = SessionOutput(self._data, self._records)
+        self._data, self._records = [], []
+        if self._auto_delivered:
+            # Auto-ack deliveries handed to the socket leave their windows now: once taken
+            # they may reach the client, so they must never come back (at most once); and
+            # the window still bounds what the gateway holds for a slow client.
+            by_pipeline: dict[int, list[tuple[int, int]]] = {}
+            for handle, count in self._auto_delivered.items():
+                sub = self._subs.get(handle)
+                if sub is not None:
+                    by_pipeline.setdefault(sub.pipeline, []).append((handle, count))
+            self._auto_delivered = {}
+            output.records += [(p, Credit(self.conn, subs)) for p, subs in by_pipeline.items()]
+        return output
+
+    # -- events from the client side -----------------------------------------------------
+
+    def frame_received(self, frame: Frame, now_ms: int) -> None:
+        """Handle one client frame; a client mistake becomes an ERROR and CLOSING."""
+        if self._state not in READING:
+            raise SessionStateError(self._state, f"frame {frame.command}")
         try:
             self._dispatch(frame, now_ms)
         except Refusal as exc:
             # The ERROR answers the frame's receipt, so a client waiting on it wakes up.
-            self.fail(exc.message, exc.detail, frame.headers.get("receipt", ""))
+            self._fail(exc.message, exc.detail, frame.headers.get("receipt", ""))
+
+    def frame_error(self, error: ProtocolError) -> None:
+        """The client's bytes are not a valid frame (the parser said why)."""
+        self._fail(str(error))
+
+    def refuse(self, frame: Frame, refusal: Refusal) -> None:
+        """The shell will not take `frame` (flow control held a SEND past its send timeout):
+        an ERROR answering its receipt."""
+        self._fail(refusal.message, refusal.detail, frame.headers.get("receipt", ""))
+
+    def timed_out(self, grace: float) -> str:
+        """Nothing came in time: no CONNECT within `stomp.connect_timeout_ms`, or no frame or
+        heart-beat for `grace` x the negotiated interval. An ERROR; returns why."""
+        if self._state is SessionState.AWAITING_CONNECT:
+            reason = f"no CONNECT within connect_timeout_ms {self.config.stomp.connect_timeout_ms}"
+        else:
+            expected = self._heartbeat[1]
+            reason = (
+                f"no heart-beat or frame for {expected * grace:.0f} ms "
+                f"(negotiated heart-beat {expected} ms)"
+            )
+        self._fail(reason)
+        return reason
+
+    def broker_stopping(self) -> None:
+        """The broker shuts down: the client is told with an ERROR."""
+        self._fail("broker is shutting down")
+
+    def closed(self) -> None:
+        """The socket is closed (the client went away, or we closed it after CLOSING).
+
+        Nothing not yet taken is written (and its auto-ack deliveries are not credited, so
+        their pipelines put them back); open transactions are dropped; the pipelines the
+        connection talked to hear of its end (`ConnClosed`), last. Idempotent.
+        """
+        if self._state is SessionState.CLOSED:
+            return
+        self._state = transition(self._state, Event.CLOSED)
+        self._data.clear()
+        self._auto_delivered.clear()
+        self._pending_receipts.clear()
+        self._abort_all()
+        self._records += [(p, ConnClosed(self.conn)) for p in sorted(self._touched)]
 
     def _dispatch(self, frame: Frame, now_ms: int) -> None:
         command = frame.command
-        if self.state == SessionState.AWAIT_CONNECT:
+        if self._state is SessionState.AWAITING_CONNECT:
             if command not in ("CONNECT", "STOMP"):
                 raise SessionError(f"expected CONNECT, got {command}")
             self._connect(frame)
@@ -228,30 +329,29 @@ class GatewaySession:
     def _connect(self, frame: Frame) -> None:
         version = negotiate_version(frame.headers.get("accept-version"))
         if version is None:
-            self.version = "1.2"
             # The spec asks for the versions we do speak in a `version` header.
-            self.fail(
+            self._fail(
                 "unsupported protocol version",
                 f"accept-version {frame.headers.get('accept-version')!r}; "
                 "this broker speaks 1.0, 1.1 and 1.2",
                 headers={"version": ",".join(SUPPORTED_VERSIONS)},
             )
             return
-        self.version = version
+        self._version = version
         try:
             client_hb = parse_heartbeat(frame.headers.get("heart-beat"))
-        except CodecProtocolError as exc:
+        except ProtocolError as exc:
             raise SessionError(str(exc)) from None
         settings = self.config.stomp
         server_hb = (settings.heartbeat_send_ms, settings.heartbeat_receive_ms)
         # STOMP 1.0 has no heart-beating: whatever such a client sends is not negotiated.
-        self.heartbeat = negotiate_heartbeat(client_hb, server_hb) if version != "1.0" else (0, 0)
-        self.client_id = frame.headers.get("client-id", "")
+        self._heartbeat = negotiate_heartbeat(client_hb, server_hb) if version != "1.0" else (0, 0)
+        self._client_id = frame.headers.get("client-id", "")
         headers = {"version": version, "server": BROKER_NAME, "session": f"session-{self.conn}"}
         if version != "1.0":
             headers["heart-beat"] = f"{server_hb[0]},{server_hb[1]}"
-        self.out.append(encode_frame(Frame("CONNECTED", headers), version))
-        self.state = SessionState.CONNECTED
+        self._data.append(encode_frame(Frame("CONNECTED", headers), version))
+        self._state = transition(self._state, Event.CONNECT)
 
     def _send(self, frame: Frame, now_ms: int) -> None:
         headers = frame.headers
@@ -312,10 +412,10 @@ class GatewaySession:
         receipt = headers.get("receipt", "")
         sub_id = headers.get("id")
         if sub_id is None:
-            if self.version == "1.2":
+            if self._version == "1.2":
                 raise SessionError("SUBSCRIBE needs an id header")
             sub_id = destination  # 1.0/1.1 allowed omitting it; the destination stands in.
-        if sub_id in self.subs_by_id:
+        if sub_id in self._subs_by_id:
             raise SessionError(f"subscription id {sub_id!r} is already in use")
         pipeline = self._owner(destination)
         ack_name = headers.get("ack", "auto")
@@ -329,7 +429,7 @@ class GatewaySession:
         prefetch = self._int_header(frame, "activemq.prefetchSize", default, minimum=1)
         prefix = (
             _MESSAGE_LINE
-            + b"subscription:%s\n" % escape_header_value(sub_id, self.version).encode()
+            + b"subscription:%s\n" % escape_header_value(sub_id, self._version).encode()
         )
         durable = self._durable_name(frame, kind, sub_id)
         sub = _Subscription(
@@ -342,8 +442,8 @@ class GatewaySession:
             prefix,
             durable,
         )
-        self.subs_by_id[sub_id] = sub
-        self.subs[sub.handle] = sub
+        self._subs_by_id[sub_id] = sub
+        self._subs[sub.handle] = sub
         self._route(
             pipeline,
             Subscribe(
@@ -368,15 +468,15 @@ class GatewaySession:
         name = headers.get("activemq.subscriptionName") or headers.get("durable-subscription-name")
         if name is None and headers.get("durable") == "true":
             name = sub_id
-            client_id = self.client_id
+            client_id = self._client_id
         else:
             if name is None:
                 return ""
-            if not self.client_id:
+            if not self._client_id:
                 raise SessionError(
                     f"durable subscription {name!r} needs a client-id header in CONNECT"
                 )
-            client_id = self.client_id
+            client_id = self._client_id
         if kind != "topic":
             raise SessionError("only topic subscriptions can be durable")
         return f"{client_id}/{name}"
@@ -386,14 +486,14 @@ class GatewaySession:
         sub_id = frame.headers.get("id") or frame.headers.get("destination")
         if sub_id is None:
             raise SessionError("UNSUBSCRIBE needs an id header")
-        sub = self.subs_by_id.pop(sub_id, None)
+        sub = self._subs_by_id.pop(sub_id, None)
         if sub is None:
             raise SessionError(f"no subscription with id {sub_id!r}")
-        del self.subs[sub.handle]
+        del self._subs[sub.handle]
         # MESSAGE frames of this subscription already in `out` will be written: credit
         # them first, or the pipeline would requeue them on Unsubscribe and deliver them
         # twice.
-        written = self.auto_delivered.pop(sub.handle, 0)
+        written = self._auto_delivered.pop(sub.handle, 0)
         if written:
             self._route(sub.pipeline, Credit(self.conn, [(sub.handle, written)]))
         headers = frame.headers
@@ -413,11 +513,11 @@ class GatewaySession:
     def _settle(self, frame: Frame, *, nack: bool) -> None:
         headers = frame.headers
         receipt = headers.get("receipt", "")
-        if self.version == "1.2":
+        if self._version == "1.2":
             ack_id = self._required(frame, "id")
             handle_text, _, message_id = ack_id.partition("/")
             valid = handle_text.isascii() and handle_text.isdigit() and len(handle_text) < 19
-            sub = self.subs.get(int(handle_text)) if valid else None
+            sub = self._subs.get(int(handle_text)) if valid else None
             if sub is None or not message_id:
                 raise SessionError(
                     f"{frame.command} id {ack_id!r} matches no message delivered to this "
@@ -427,13 +527,13 @@ class GatewaySession:
             message_id = self._required(frame, "message-id")
             sub_id = headers.get("subscription")
             if sub_id is not None:
-                found = self.subs_by_id.get(sub_id)
-            elif len(self.subs) == 1:
-                found = next(iter(self.subs.values()))
+                found = self._subs_by_id.get(sub_id)
+            elif len(self._subs) == 1:
+                found = next(iter(self._subs.values()))
             else:
                 raise SessionError(
                     f"{frame.command} needs a subscription header "
-                    f"(this connection has {len(self.subs)} subscriptions)",
+                    f"(this connection has {len(self._subs)} subscriptions)",
                 )
             if found is None:
                 raise SessionError(f"no subscription with id {sub_id!r}")
@@ -448,12 +548,12 @@ class GatewaySession:
 
     def _begin(self, frame: Frame, now_ms: int) -> None:
         name = self._required(frame, "transaction")
-        if name in self.transactions:
+        if name in self._transactions:
             raise SessionError(f"transaction {name!r} is already open")
         limit = self.config.transactions.max_open_per_connection
-        if len(self.transactions) >= limit:
+        if len(self._transactions) >= limit:
             raise LimitReached("transactions", "max_open_per_connection", limit)
-        self.transactions[name] = _Transaction(name)
+        self._transactions[name] = _Transaction(name)
         self._immediate_receipt(frame)
 
     def _commit(self, frame: Frame, now_ms: int) -> None:
@@ -471,15 +571,15 @@ class GatewaySession:
         self._immediate_receipt(frame)
 
     def _disconnect(self, frame: Frame, now_ms: int) -> None:
-        self.disconnecting = True
         receipt = frame.headers.get("receipt", "")
         self._abort_all()
         if receipt:
             # The receipt promises every earlier frame was handled: ask each pipeline
             # this connection talked to, and close once all have answered.
-            self._receipt_after(set(self.touched), receipt, then_close=True)
+            self._state = transition(self._state, Event.DISCONNECT_RECEIPTED)
+            self._receipt_after(set(self._touched), receipt, then_close=True)
         else:
-            self.closing = True
+            self._state = transition(self._state, Event.DISCONNECT)
 
     _handlers: ClassVar[dict[str, Callable[[GatewaySession, Frame, int], None]]] = {
         "SEND": _send,
@@ -512,15 +612,16 @@ class GatewaySession:
         goes back like any unacknowledged one (a queue's or durable subscription's comes
         back redelivered; a queue dead-letters it after `queues.max_redeliveries`).
         """
-        sub = self.subs.get(sub_handle)
-        if sub is None or self.closing:
+        sub = self._subs.get(sub_handle)
+        if sub is None or self._state not in WRITING:
             return False
         if shared is None:
             shared = {}
-        tail = shared.get(self.version)
+        version = self._version
+        tail = shared.get(version)
         if tail is None:
             try:
-                tail = _message_tail(message, self.version)
+                tail = _message_tail(message, version)
             except CorruptBody as exc:
                 log.error(
                     "message %s to %s cannot be delivered: %s",
@@ -531,18 +632,18 @@ class GatewaySession:
                 # An empty tail marks the failure for the rest of the fan-out (a real
                 # one always holds headers).
                 tail = memoryview(b"")
-            shared[self.version] = tail
+            shared[version] = tail
         if not tail:
-            self.fail(
+            self._fail(
                 f"message {message.message_id} cannot be delivered: its stored body is damaged",
                 f"The {message.encoding} body of message {message.message_id} from "
                 f"{message.destination} does not decompress; it was not delivered.",
             )
             return True
-        out = self.out
+        out = self._data
         out.append(sub.message_prefix)
         if sub.ack_mode == ACK_AUTO:
-            self.auto_delivered[sub_handle] = self.auto_delivered.get(sub_handle, 0) + 1
+            self._auto_delivered[sub_handle] = self._auto_delivered.get(sub_handle, 0) + 1
         else:
             # "<handle>/<message-id>": the handle routes the ACK to the right pipeline
             # without keeping per-message state in the gateway. Our ids need no escaping.
@@ -551,26 +652,30 @@ class GatewaySession:
         return True
 
     def receipt(self, receipt: str) -> None:
-        if not self.closing:
-            self.out.append(encode_frame(Frame("RECEIPT", {"receipt-id": receipt}), self.version))
+        """A pipeline answered a frame's receipt."""
+        if self._state in WRITING:
+            self._data.append(
+                encode_frame(Frame("RECEIPT", {"receipt-id": receipt}), self._version)
+            )
 
     def refused(self, record: Refuse) -> None:
-        self.fail(record.message, record.detail, record.receipt)
+        """A pipeline refused a frame: an ERROR answering its receipt."""
+        self._fail(record.message, record.detail, record.receipt)
 
     def barrier_done(self, token: int, pipeline: int) -> None:
-        pending = self.pending_receipts.get(token)
+        """A pipeline handled every frame before a receipt that waits for several."""
+        pending = self._pending_receipts.get(token)
         if pending is None:
             return
         pending.waiting.discard(pipeline)
         if not pending.waiting:
-            del self.pending_receipts[token]
-            self.receipt(pending.receipt)
-            if pending.then_close:
-                self.closing = True
+            del self._pending_receipts[token]
+            self._receipt_done(pending)
 
-    def resubscribe(self, pipeline: int) -> None:
-        """A pipeline restarted: register again every subscription it owns."""
-        for sub in self.subs.values():
+    def pipeline_restarted(self, pipeline: int) -> None:
+        """A pipeline restarted: register again every subscription it owns, and ask again
+        for the receipts it still owed."""
+        for sub in self._subs.values():
             if sub.pipeline == pipeline:
                 record = Subscribe(
                     self.conn,
@@ -581,46 +686,23 @@ class GatewaySession:
                     sub.prefetch,
                     durable=sub.durable,
                 )
-                self.routes.append((pipeline, record))
-        for token, pending in list(self.pending_receipts.items()):
+                self._records.append((pipeline, record))
+        for token, pending in list(self._pending_receipts.items()):
             if pipeline in pending.waiting:
-                self.routes.append((pipeline, Barrier(self.conn, token)))
-
-    def take_credits(self) -> list[tuple[int, Record]]:
-        """Credit records for auto-ack deliveries written since the last call."""
-        if not self.auto_delivered:
-            return []
-        by_pipeline: dict[int, list[tuple[int, int]]] = {}
-        for handle, count in self.auto_delivered.items():
-            sub = self.subs.get(handle)
-            if sub is not None:
-                by_pipeline.setdefault(sub.pipeline, []).append((handle, count))
-        self.auto_delivered = {}
-        return [(p, Credit(self.conn, subs)) for p, subs in by_pipeline.items()]
-
-    def discard_unwritten(self) -> None:
-        """The client is gone: drop frames not yet written, and their credits, so the
-        pipelines put those deliveries back (they never reached anyone)."""
-        self.out.clear()
-        self.auto_delivered.clear()
-        self.pending_receipts.clear()
-
-    def close_records(self) -> list[tuple[int, Record]]:
-        """What pipelines must hear when the connection ends (after pending credits)."""
-        self._abort_all()
-        return [(p, ConnClosed(self.conn)) for p in sorted(self.touched)]
+                self._records.append((pipeline, Barrier(self.conn, token)))
 
     # -- helpers -------------------------------------------------------------------------
 
-    def fail(
+    def _fail(
         self,
         message: str,
         detail: str = "",
         receipt: str = "",
         headers: dict[str, str] | None = None,
     ) -> None:
-        """Send an ERROR frame and close after it is written."""
-        if self.closing:
+        """Send an ERROR frame and close after it is written (the first ERROR stands: once
+        the connection is ending, nothing more is said)."""
+        if self.is_ending():
             return
         headers = {"message": message, **(headers or {})}
         if receipt:
@@ -628,23 +710,27 @@ class GatewaySession:
         body = (detail + "\n").encode() if detail else b""
         if body:
             headers["content-type"] = "text/plain"
-        self.out.append(encode_frame(Frame("ERROR", headers, body), self.version))
-        self.closing = True
+        self._data.append(encode_frame(Frame("ERROR", headers, body), self._version))
+        self._state = transition(self._state, Event.ERROR)
 
     def _route(self, pipeline: int, record: Record) -> None:
-        self.touched.add(pipeline)
-        self.routes.append((pipeline, record))
+        self._touched.add(pipeline)
+        self._records.append((pipeline, record))
 
     def _receipt_after(self, pipelines: set[int], receipt: str, *, then_close: bool) -> None:
+        pending = _PendingReceipt(receipt, set(pipelines), then_close)
         if not pipelines:
-            self.receipt(receipt)
-            if then_close:
-                self.closing = True
+            self._receipt_done(pending)
             return
         token = next(self._tokens)
-        self.pending_receipts[token] = _PendingReceipt(receipt, set(pipelines), then_close)
+        self._pending_receipts[token] = pending
         for pipeline in sorted(pipelines):
-            self.routes.append((pipeline, Barrier(self.conn, token)))
+            self._records.append((pipeline, Barrier(self.conn, token)))
+
+    def _receipt_done(self, pending: _PendingReceipt) -> None:
+        self.receipt(pending.receipt)
+        if pending.then_close and self._state is SessionState.DISCONNECTING:
+            self._state = transition(self._state, Event.RECEIPTS_ANSWERED)
 
     def _immediate_receipt(self, frame: Frame) -> None:
         receipt = frame.headers.get("receipt")
@@ -681,20 +767,20 @@ class GatewaySession:
         name = frame.headers.get("transaction")
         if name is None:
             return None
-        tx = self.transactions.get(name)
+        tx = self._transactions.get(name)
         if tx is None:
             raise SessionError(f"no open transaction {name!r}")
         return tx
 
     def _pop_transaction(self, frame: Frame) -> _Transaction:
         name = self._required(frame, "transaction")
-        tx = self.transactions.pop(name, None)
+        tx = self._transactions.pop(name, None)
         if tx is None:
             raise SessionError(f"no open transaction {name!r}")
         self.tx_budget.used -= tx.held_bytes
         return tx
 
     def _abort_all(self) -> None:
-        for tx in self.transactions.values():
+        for tx in self._transactions.values():
             self.tx_budget.used -= tx.held_bytes
-        self.transactions.clear()
+        self._transactions.clear()
