@@ -233,7 +233,7 @@ def cmd_admin_status(args: argparse.Namespace) -> int:
 
     Example: mpbroker admin status --port 8161
     """
-    from mpbroker.admin_view import render_status
+    from mpbroker.admin import render_status
 
     data = _admin_get(args, "/status")
     if data is None:
@@ -248,7 +248,7 @@ def cmd_admin_flow(args: argparse.Namespace) -> int:
 
     Example: mpbroker admin flow --port 8161
     """
-    from mpbroker.admin_view import render_flow
+    from mpbroker.admin import render_flow
 
     data = _admin_get(args, "/flow")
     if data is None:

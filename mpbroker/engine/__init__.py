@@ -1,23 +1,31 @@
 """Pure pipeline logic: what a p2p or pubsub worker does with each record.
 
-No rings, no sockets, no clocks: an engine takes records from gateways and appends the
-records it wants sent to an `Outbox`; the worker process wires that to rings.
+No rings, no sockets, no clocks: an engine takes its collaborators (settings, outbox, flow
+trackers, stores as plain callables) in its constructor, takes records from gateways,
+appends the records it wants sent to an `Outbox`, and leaves the rest of its work for the
+worker in one effects object per step (`take_effects()`).
 """
 
-from ._common import Consumer, ConsumerKey, Engine, Outbox
-from ._queue import QueueEngine, StoredRef
+from ._common import Consumer, ConsumerKey, Engine, Outbox, no_byte_window
+from ._queue import IndexCache, Pager, QueueEffects, QueueEngine, StoredRef
 from ._replay import Grant, ReplayKey, ReplayScheduler
-from ._topic import TopicEngine
+from ._topic import SharedPager, TopicEffects, TopicEngine
 
 __all__ = [
     "Consumer",
     "ConsumerKey",
     "Engine",
     "Grant",
+    "IndexCache",
     "Outbox",
+    "Pager",
+    "QueueEffects",
     "QueueEngine",
     "ReplayKey",
     "ReplayScheduler",
+    "SharedPager",
     "StoredRef",
+    "TopicEffects",
     "TopicEngine",
+    "no_byte_window",
 ]

@@ -29,6 +29,11 @@ from mpbroker.records import (
 ConsumerKey = tuple[int, int, int]
 
 
+def no_byte_window(destination: str) -> int:
+    """The byte window of every subscription when none is configured: messages only."""
+    return -1
+
+
 class Outbox:
     """Records an engine wants sent, grouped by the gateway that must receive them."""
 
@@ -130,15 +135,23 @@ class Engine(ABC):
 
     role: ClassVar[str]
 
-    def __init__(self, pipeline: int, outbox: Outbox) -> None:
+    def __init__(
+        self,
+        pipeline: int,
+        outbox: Outbox,
+        window_bytes_for: Callable[[str], int] = no_byte_window,
+    ) -> None:
         self.pipeline = pipeline
         self.outbox = outbox
         self.consumers: dict[ConsumerKey, Consumer] = {}
-        # The byte window of a new subscription to a destination (-1: none); set by the
-        # worker from the configuration.
-        self.window_bytes_for: Callable[[str], int] = lambda destination: -1
+        # The byte window of a new subscription to a destination (-1: none).
+        self.window_bytes_for = window_bytes_for
         self.delivered = 0
         self.received = 0
+
+    def configure_windows(self, window_bytes_for: Callable[[str], int]) -> None:
+        """New byte windows (a configuration reload), for subscriptions from now on."""
+        self.window_bytes_for = window_bytes_for
 
     def handle(self, gateway: int, record: Record) -> None:
         match record:

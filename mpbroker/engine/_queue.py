@@ -23,7 +23,7 @@ from mpbroker.records import (
     message_size,
 )
 
-from ._common import Consumer, Engine, Outbox
+from ._common import Consumer, Engine, Outbox, no_byte_window
 from ._pending import Pending
 
 # (queue name, store seq) of a stored message the engine is done with.
@@ -44,6 +44,38 @@ class Pager(Protocol):
         """Forget a page never read back."""
 
 
+@dataclass(frozen=True, slots=True)
+class IndexCache:
+    """Stored messages waiting in a queue keep their body in memory up to `max_entries`
+    messages and `max_bytes` bytes of bodies (-1: entries only); the others keep only their
+    index entry, and `load` (the store) gives the whole message back when it is delivered."""
+
+    load: Callable[[int], Message]
+    max_entries: int
+    max_bytes: int = -1
+
+
+@dataclass(eq=False, slots=True)
+class QueueEffects:
+    """What a QueueEngine's work left for its worker beyond the records in its outbox,
+    taken once per step with `QueueEngine.take_effects()`. Store references are
+    (queue, seq): the queue tells a durable subscription's copy from another's."""
+
+    #: Stored messages acknowledged (or consumed at most once): settle them in the store.
+    settled: list[StoredRef] = field(default_factory=list)
+    #: Stored messages delivered and back in their queue: count the delivery in the store.
+    returned: list[StoredRef] = field(default_factory=list)
+    #: Stored messages that expired: settle them as expired.
+    expired: list[StoredRef] = field(default_factory=list)
+    #: Stored messages moving to another queue, as (original's seq, copy, outcome): store
+    #: the copy, settle the original with the outcome, then `enqueue_dead_letters(copies)`.
+    dead_letters: list[tuple[int, Message, str]] = field(default_factory=list)
+    #: Lines the `log` expiry policy wrote (WebLogic's format), for the expiry log.
+    expiry_log: list[str] = field(default_factory=list)
+    #: Quota tickets whose waiting SENDs may go now: room was given back.
+    quota_granted: list[int] = field(default_factory=list)
+
+
 @dataclass(eq=False)
 class _Queue:
     name: str
@@ -52,6 +84,10 @@ class _Queue:
     next_consumer: int = 0
     # Messages held: pending plus delivered-but-unsettled.
     held_messages: int = 0
+
+
+def _discard(queue: str) -> ExpiryPolicy:
+    return DISCARD
 
 
 def _is_dead_letter_queue(destination: str, prefix: str) -> bool:
@@ -72,52 +108,64 @@ class QueueEngine(Engine):
 
     role = "p2p"
 
-    def __init__(self, settings: QueueSettings, pipeline: int, outbox: Outbox) -> None:
-        super().__init__(pipeline, outbox)
+    def __init__(
+        self,
+        settings: QueueSettings,
+        pipeline: int,
+        outbox: Outbox,
+        *,
+        window_bytes_for: Callable[[str], int] = no_byte_window,
+        flow_volatile: FlowTracker | None = None,
+        flow_persistent: FlowTracker | None = None,
+        expiry_for: Callable[[str], ExpiryPolicy] = _discard,
+        quotas: QuotaBook | None = None,
+        index_cache: IndexCache | None = None,
+        pager: Pager | None = None,
+    ) -> None:
+        """`flow_volatile`, `flow_persistent`: flow control's count of what each store
+        holds per queue (waiting or unacknowledged), against its watermarks; the worker
+        announces their changes. `expiry_for`: each queue's expiry policy. `quotas`: named
+        quotas, given room back as messages leave (the SENDs that may go then are in the
+        effects). `index_cache`: where stored messages beyond the cache are read back from
+        (without it, every body stays in memory). `pager`: where non-persistent messages
+        go while `paging` is on (flow-to-disk)."""
+        super().__init__(pipeline, outbox, window_bytes_for)
         self.settings = settings
         self.queues: dict[str, _Queue] = {}
         self.held_bytes = 0
-        # Store work for persistent messages, taken by the worker after each batch, as
-        # (queue, seq): settled (acknowledged), returned (delivered, then back in the
-        # queue), expired. The queue tells a durable subscription's copy from another's.
-        self.settled_refs: list[StoredRef] = []
-        self.returned_refs: list[StoredRef] = []
-        self.expired_refs: list[StoredRef] = []
-        # Persistent dead letters, as (original's seq, copy for the dead-letter queue):
-        # the worker stores the copy, settles the original, then `enqueue_dead_letters`.
-        self.dead_letters: list[tuple[int, Message, str]] = []  # (seq, copy, outcome)
-        # Expiry policies per queue (discard unless the worker says otherwise), and the
-        # lines the log policy wrote since the worker last took them.
-        self.expiry_for: Callable[[str], ExpiryPolicy] = lambda queue: DISCARD
-        self.expiry_log: list[str] = []
-        # The worker's clock, set before each batch (the engine reads no clock itself).
+        self._effects = QueueEffects()
+        self.expiry_for = expiry_for
+        # The worker's clock, set before each batch (`tick`: the engine reads no clock).
         self.now_ms = 0
         self.expired = 0
-        # Stored messages waiting beyond `cache_entries` are paged: only their index entry
-        # stays in memory and `loader` (the store) gives the whole message back at
-        # delivery. Without a loader nothing is paged.
-        self.loader: Callable[[int], Message] | None = None
-        self.cache_entries = 0
-        self.cache_bytes = -1  # -1: bounded by entries only
+        self.index_cache = index_cache
         self.cached = 0
         self.cached_bytes = 0
         # Flow-to-disk of non-persistent messages: with a `pager` (the temp store), while
-        # `paging` is on every message left waiting after dispatch is paged out (headers
-        # and body to disk; in memory only what order and expiry need, ~300 B), and
-        # `page_out` moves those already waiting. `held_bytes` counts only what is in
-        # memory; `paged_bytes` the sizes of the others.
-        self.pager: Pager | None = None
+        # `paging` is on (the worker's paging decision) every message left waiting after
+        # dispatch is paged out (headers and body to disk; in memory only what order and
+        # expiry need, ~300 B), and `page_out` moves those already waiting. `held_bytes`
+        # counts only what is in memory; `paged_bytes` the sizes of the others.
+        self.pager = pager
         self.paging = False
         self.paged_bytes = 0
         self.paged_messages = 0
-        # Flow control: what each store holds per queue (waiting or unacknowledged),
-        # against its watermarks. The worker sends the changes to the gateways.
-        self.flow_volatile: FlowTracker | None = None
-        self.flow_persistent: FlowTracker | None = None
-        # Named quotas: messages leaving give room back; the senders it lets in are
-        # collected here for the worker (it holds their SENDs).
-        self.quotas: QuotaBook | None = None
-        self.quota_granted: list[int] = []
+        self.flow_volatile = flow_volatile
+        self.flow_persistent = flow_persistent
+        self.quotas = quotas
+
+    def take_effects(self) -> QueueEffects:
+        """What the engine's work since the last call left for the worker."""
+        effects, self._effects = self._effects, QueueEffects()
+        return effects
+
+    def tick(self, now_ms: int) -> None:
+        """The worker's clock, before each batch: expiry on read compares with it."""
+        self.now_ms = now_ms
+
+    def configure_expiry(self, expiry_for: Callable[[str], ExpiryPolicy]) -> None:
+        """New expiry policies (a configuration reload)."""
+        self.expiry_for = expiry_for
 
     # -- producers -----------------------------------------------------------------------
 
@@ -155,8 +203,9 @@ class QueueEngine(Engine):
         if queue is None:
             queue = self.queues[name] = _Queue(name)
         # A message restored already paged (index only) stays so.
-        if message.seq and self.loader is not None and not message.paged:
-            if self.cached >= self.cache_entries or -1 < self.cache_bytes < self.cached_bytes + len(
+        cache = self.index_cache
+        if message.seq and cache is not None and not message.paged:
+            if self.cached >= cache.max_entries or -1 < cache.max_bytes < self.cached_bytes + len(
                 message.body
             ):
                 message = msgspec.structs.replace(message, body=b"", headers=NO_HEADERS, paged=True)
@@ -255,7 +304,7 @@ class QueueEngine(Engine):
             self.pager.drop(message.temp_key)
             self._unpaged(queue, message.size)
             return msgspec.structs.replace(message, temp_key=0)
-        if message.seq and not message.paged and self.loader is not None:
+        if message.seq and not message.paged and self.index_cache is not None:
             self.cached -= 1
             self.cached_bytes -= len(message.body)
         return message
@@ -271,12 +320,12 @@ class QueueEngine(Engine):
         if not message.seq:
             return message
         if not message.paged:
-            if self.loader is not None:
+            if self.index_cache is not None:
                 self.cached -= 1
                 self.cached_bytes -= len(message.body)
             return message
-        assert self.loader is not None
-        stored = self.loader(message.seq)
+        assert self.index_cache is not None
+        stored = self.index_cache.load(message.seq)
         return msgspec.structs.replace(
             stored,
             redelivered=message.redelivered,
@@ -345,8 +394,8 @@ class QueueEngine(Engine):
                 self._dead_letter(queue, again, limit)
             else:
                 back.append(again)
-        self.returned_refs.extend((queue.name, m.seq) for m in back if m.seq)
-        if self.loader is not None:
+        self._effects.returned.extend((queue.name, m.seq) for m in back if m.seq)
+        if self.index_cache is not None:
             # Back with their bodies: they count in the cache again.
             self.cached += sum(1 for m in back if m.seq)
         queue.pending.extendleft(back)
@@ -381,7 +430,7 @@ class QueueEngine(Engine):
             self.held_bytes -= message.size
         self._flow_left(queue, [message])
         if message.seq:
-            self.dead_letters.append((message.seq, copy, outcome))
+            self._effects.dead_letters.append((message.seq, copy, outcome))
         else:
             self.enqueue_dead_letters([copy])
 
@@ -399,32 +448,19 @@ class QueueEngine(Engine):
         queue.held_messages -= len(messages)
         self.held_bytes -= sum(m.size for m in messages if not m.persistent)
         self._flow_left(queue, messages)
-        refs = self.expired_refs if expired else self.settled_refs
+        refs = self._effects.expired if expired else self._effects.settled
         refs.extend((queue.name, m.seq) for m in messages if m.seq)
 
     def _flow_left(self, queue: _Queue, messages: list[Message]) -> None:
         if self.quotas is not None and messages:
             size = sum(m.size for m in messages)
-            self.quota_granted += self.quotas.release(queue.name, len(messages), size)
+            self._effects.quota_granted += self.quotas.release(queue.name, len(messages), size)
         for flow, persistent in ((self.flow_volatile, False), (self.flow_persistent, True)):
             if flow is None:
                 continue
             gone = [m for m in messages if m.persistent is persistent]
             if gone:
                 flow.remove(queue.name, len(gone), sum(m.size for m in gone))
-
-    def purge(self, destination: str) -> int:
-        """Drop every waiting message of a queue (a removed durable subscription's
-        backlog); returns how many. Stored ones are settled."""
-        queue = self.queues.get(destination)
-        if queue is None:
-            return 0
-        removed: list[Message] = []
-        while queue.pending:
-            removed.append(self._taken_index(queue.pending.popleft(), queue.name))
-        self._forget(queue, removed)
-        self._drop_if_idle(queue)
-        return len(removed)
 
     def evict(self, destination: str) -> list[Message]:
         """Take every waiting message of a queue out of memory WITHOUT settling it (the
@@ -472,7 +508,7 @@ class QueueEngine(Engine):
         # Logging or moving them needs the whole message, read back if paged.
         whole = [self._taken(m, queue.name) for m in messages]
         if policy.policy == "log":
-            self.expiry_log.extend(expired_log_line(m, policy.log_fields) for m in whole)
+            self._effects.expiry_log.extend(expired_log_line(m, policy.log_fields) for m in whole)
             self._forget(queue, whole, expired=True)
             return
         for message in whole:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Protocol
 
 import msgspec
@@ -22,7 +23,7 @@ from mpbroker.records import (
     message_size,
 )
 
-from ._common import Consumer, Engine, Outbox
+from ._common import Consumer, Engine, Outbox, no_byte_window
 
 
 class SharedPager(Protocol):
@@ -40,6 +41,15 @@ class SharedPager(Protocol):
         """Forget a page: no subscriber waits for it any more."""
 
 
+@dataclass(eq=False, slots=True)
+class TopicEffects:
+    """What a TopicEngine's work left for its worker beyond the records in its outbox,
+    taken once per step with `TopicEngine.take_effects()`."""
+
+    #: Topics whose publishers the live buffer stopped or let go ("": every topic).
+    flow_changes: list[FlowChange] = field(default_factory=list)
+
+
 class TopicEngine(Engine):
     """Owns the topics of one pubsub partition: every subscriber gets every message.
 
@@ -51,17 +61,32 @@ class TopicEngine(Engine):
 
     role = "pubsub"
 
-    def __init__(self, settings: TopicSettings, pipeline: int, outbox: Outbox) -> None:
-        super().__init__(pipeline, outbox)
+    def __init__(
+        self,
+        settings: TopicSettings,
+        pipeline: int,
+        outbox: Outbox,
+        *,
+        window_bytes_for: Callable[[str], int] = no_byte_window,
+        live_mark_for: Callable[[str], Watermark] | None = None,
+        global_live_byte_mark: Watermark | None = None,
+        pager: SharedPager | None = None,
+    ) -> None:
+        """`live_mark_for`: a topic's live-buffer watermarks ([destinations] tables; default
+        `topics.live_msg_high/low`). `global_live_byte_mark`: the live buffer's global byte
+        watermark as flow control applies it (default `topics.global_live_byte_high/low`;
+        off where a temp store pages instead). `pager`: where waiting messages go while
+        `paging` is on (flow-to-disk)."""
+        super().__init__(pipeline, outbox, window_bytes_for)
         self.settings = settings
         self.topics: dict[str, list[Consumer]] = {}
         # The live buffer's watermarks, per topic, on its slowest subscriber's backlog:
         # a level exists only while a topic is near or over its high watermark.
         self.live_mark = Watermark(settings.live_msg_high, settings.live_msg_low)
         # Per topic ([destinations] settings); asked when a topic's level is created.
-        self.live_mark_for: Callable[[str], Watermark] = lambda topic: self.live_mark
+        self.live_mark_for = live_mark_for or self._default_live_mark
         self.live_levels: dict[str, Level] = {}
-        self.flow_changes: list[FlowChange] = []
+        self._effects = TopicEffects()
         # Over all topics: messages waiting in subscribers' backlogs, and its watermark.
         # Bytes are counted once per subscriber waiting (an upper bound of the memory:
         # subscribers share one copy of a message).
@@ -72,7 +97,8 @@ class TopicEngine(Engine):
             "global_live_msg_high",
         )
         self.global_live_bytes = Level(
-            Watermark(settings.global_live_byte_high, settings.global_live_byte_low),
+            global_live_byte_mark
+            or Watermark(settings.global_live_byte_high, settings.global_live_byte_low),
             "global_live_byte_high",
         )
         # Flow-to-disk: with a `pager`, while `paging` is on, a message left waiting in
@@ -81,10 +107,18 @@ class TopicEngine(Engine):
         # order needs, ~300 B, one object for every backlog); `page_refs` counts the
         # backlog entries per key and the message's size. `live_bytes` counts only what
         # is in memory.
-        self.pager: SharedPager | None = None
+        self.pager = pager
         self.paging = False
         self.page_refs: dict[int, list[int]] = {}
         self.paged_bytes = 0  # per entry, as live_bytes counts
+
+    def take_effects(self) -> TopicEffects:
+        """What the engine's work since the last call left for the worker."""
+        effects, self._effects = self._effects, TopicEffects()
+        return effects
+
+    def _default_live_mark(self, topic: str) -> Watermark:
+        return self.live_mark
 
     def _send(self, gateway: int, record: Send) -> None:
         message = record.message
@@ -169,7 +203,7 @@ class TopicEngine(Engine):
         self.global_live_bytes.update(self.live_bytes)
         reason = self._global_reason()
         if bool(reason) != before:
-            self.flow_changes.append(FlowChange("", reason))
+            self._effects.flow_changes.append(FlowChange("", reason))
         level = self.live_levels.get(topic)
         if level is None and not self.topics.get(topic):
             return
@@ -181,9 +215,9 @@ class TopicEngine(Engine):
             level = self.live_levels[topic] = Level(mark, "live_msg_high")
         change = level.update(deepest)
         if change is True:
-            self.flow_changes.append(FlowChange(topic, level.reason))
+            self._effects.flow_changes.append(FlowChange(topic, level.reason))
         elif change is False:
-            self.flow_changes.append(FlowChange(topic, ""))
+            self._effects.flow_changes.append(FlowChange(topic, ""))
             del self.live_levels[topic]
 
     # -- flow-to-disk ----------------------------------------------------------------------

@@ -412,7 +412,7 @@ def main() -> None:
 
     from mpbroker.logs import setup_logging
 
-    from ._bootstrap import die_with_parent
+    from ._parent import die_with_parent
 
     sock_fd, supervisor, log_level = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
     die_with_parent(signal.SIGKILL)

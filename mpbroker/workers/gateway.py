@@ -13,7 +13,6 @@ import enum
 import errno
 import itertools
 import logging
-import os
 import signal
 import socket
 import time
@@ -34,14 +33,11 @@ from mpbroker.session import (
     flow_controlled,
 )
 from mpbroker.shm import (
-    STATE_READY,
     STATE_STOPPING,
-    ControlBlock,
     Doorbell,
     Ring,
     RingReader,
     RingWriter,
-    StatsBlock,
     park_async,
 )
 from mpbroker.stomp import (
@@ -54,10 +50,8 @@ from mpbroker.stomp import (
     encode_frame,
 )
 
-from . import _stats
-from ._gc import LevelGC
+from ._base import WorkerBase
 from ._layout import WorkerSpec
-from ._reload import ConfigWatch
 
 __all__ = ["run_gateway"]
 
@@ -123,15 +117,17 @@ class _Connection:
 
 
 class Gateway:
+    """One gateway process: its listening socket's connections, its rings, its loop."""
+
     def __init__(self, spec: WorkerSpec) -> None:
         self.spec = spec
         self.config = spec.config
         layout = spec.layout
         self.layout = layout
         self.index = spec.index
-        self.control = ControlBlock.attach(layout.control)
-        self.slot = self.control.slot(spec.slot)
-        self.doorbell = Doorbell.create(layout.gateway_bell(spec.index))
+        self.base = WorkerBase(spec, layout.gateway_bell(spec.index))
+        self.control = self.base.control
+        self.slot = self.base.slot
         pipelines = layout.topology.pipelines
         self.pipeline_bells = [
             Doorbell.attach(layout.pipeline_bell(p), missing_ok=True) for p in range(pipelines)
@@ -166,10 +162,7 @@ class Gateway:
         self.flow_changed = trio.Event()
         # SENDs held by flow control now, for the admin API: conn -> (destination, stop, since).
         self.held_sends: dict[_Connection, tuple[str, Stop, float]] = {}
-        self.stats = StatsBlock.attach(layout.stats(spec.slot))
         self.admission = Admission(self.config, self.flow)
-        self.config_watch = ConfigWatch(self.control, spec)
-        self.level_gc = LevelGC(self.control, spec.config)
         # MemWatch's level as last seen: held SENDs wake when it changes.
         self.memory_level = 0
 
@@ -216,12 +209,10 @@ class Gateway:
             if pending_routes:
                 await self.route(pending_routes)
             # The heartbeat says the event loop turns, busy or idle (park times out).
-            self.slot.beat()
-            self.level_gc.tick()
+            reloaded = self.base.turn()
             if self.control.memwatch_level != self.memory_level:
                 self.memory_level = self.control.memwatch_level
                 self._flow_changed()  # large SENDs held for memory may go now
-            reloaded = self.config_watch.poll()
             if reloaded is not None:
                 # SIGHUP: send timeouts and rate-based flow as reloaded; held SENDs and
                 # producers being paced go on with what they started with.
@@ -231,7 +222,7 @@ class Gateway:
             if got:
                 await trio.lowlevel.checkpoint()
             else:
-                await park_async(self.readers, self.doorbell, park_timeout)
+                await park_async(self.readers, self.base.doorbell, park_timeout)
 
     def _apply(
         self,
@@ -309,16 +300,12 @@ class Gateway:
                 }
                 for conn, (destination, stop, since) in self.held_sends.items()
             ]
-            _stats.publish(
-                self.stats,
+            self.base.publish_stats(
                 {
-                    "title": self.spec.title,
-                    "pid": os.getpid(),
-                    "at_ms": epoch_ms(),
                     "connections": len(self.connections),
                     "stopped_producers": held,
                     "stops_known": len(self.flow.stops),
-                },
+                }
             )
             await trio.sleep(interval)
 
@@ -510,9 +497,7 @@ class Gateway:
             ring.close()
         for bell in self.pipeline_bells:
             bell.close()
-        self.doorbell.close()
-        self.stats.close()
-        self.control.close()
+        self.base.close()
 
 
 def _listen_socket(host: str, port: int) -> trio.socket.SocketType:
@@ -539,10 +524,7 @@ async def _main(spec: WorkerSpec) -> None:
         listener = trio.SocketListener(sock)
         hello = Hello(spec.index, spec.incarnation)
         await gateway.route([(p, hello) for p in range(len(gateway.ports))])
-        gateway.slot.pid = os.getpid()
-        gateway.slot.incarnation = spec.incarnation
-        gateway.slot.beat()  # before READY: the supervisor judges ready workers by it
-        gateway.slot.state = STATE_READY
+        gateway.base.ready()
         with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(gateway.pump)

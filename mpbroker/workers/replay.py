@@ -16,18 +16,15 @@ from __future__ import annotations
 
 import logging
 import math
-import os
 
 from mpbroker import records
 from mpbroker.clock import epoch_ms
 from mpbroker.engine import ReplayKey, ReplayScheduler
 from mpbroker.records import ReplayBatch, ReplayHello, ReplayRelease, ReplayRequest
-from mpbroker.shm import STATE_READY, ControlBlock, Doorbell, Ring, RingReader, StatsBlock, park
+from mpbroker.shm import Doorbell, Ring, RingReader, park
 from mpbroker.stores import StoreError, TopicStoreReader
 
-from . import _stats
-from ._bootstrap import StopOnSignal
-from ._gc import LevelGC
+from ._base import StopOnSignal, WorkerBase
 from ._layout import WorkerSpec, durable_registry, store_directory
 from ._outlet import Outlet
 
@@ -40,16 +37,13 @@ COUNTER_MESSAGES = 1
 
 
 class ReplayWorker:
+    """One replay worker: the pubsub partitions it serves, their rings and stores."""
+
     def __init__(self, spec: WorkerSpec) -> None:
         self.spec = spec
         layout = spec.layout
         config = spec.config
-        self.control = ControlBlock.attach(layout.control)
-        self.slot = self.control.slot(spec.slot)
-        self.stats = StatsBlock.attach(layout.stats(spec.slot))
-        self.level_gc = LevelGC(self.control, config)
-        self.next_stats_ms = 0
-        self.doorbell = Doorbell.create(layout.replay_bell(spec.index))
+        self.base = WorkerBase(spec, layout.replay_bell(spec.index))
         self.partitions = layout.served_by(spec.index)
         self.rings: list[Ring] = []
         self.bells: list[Doorbell] = []
@@ -161,23 +155,19 @@ class ReplayWorker:
                 )
 
     def _publish_stats(self) -> None:
-        now = epoch_ms()
-        if now < self.next_stats_ms:
+        now = self.base.stats_due()
+        if now is None:
             return
-        self.next_stats_ms = now + self.spec.config.admin.stats_interval_ms
         scheduler = self.scheduler
-        _stats.publish(
-            self.stats,
+        self.base.publish_stats(
             {
-                "title": self.spec.title,
-                "pid": os.getpid(),
-                "at_ms": now,
                 "replaying": [name for _, name in scheduler.places],
                 "waiting_for_a_place": [name for _, name in scheduler.waiting],
                 "in_flight_bytes": scheduler.in_flight_bytes,
                 "batches": self.batches,
                 "messages": self.messages,
             },
+            now,
         )
 
     def flush(self) -> None:
@@ -186,29 +176,26 @@ class ReplayWorker:
 
     def run(self, stop: StopOnSignal) -> None:
         """Serve until `stop` is asked for (a signal) or the supervisor is gone."""
+        base = self.base
         park_timeout = self.spec.config.rings.park_timeout_ms / 1000
-        parent = os.getppid()
         self.announce()
-        self.slot.pid = os.getpid()
-        self.slot.incarnation = self.spec.incarnation
-        self.slot.beat()
-        self.slot.state = STATE_READY
+        base.ready()
         readers = [reader for _, reader in self.readers]
         while not stop.requested:
             busy = self.step()
-            self.slot.beat()
-            self.slot.set_counter(COUNTER_BATCHES, self.batches)
-            self.slot.set_counter(COUNTER_MESSAGES, self.messages)
+            # Nothing a replay worker does is reloadable: its [replay] budgets need a restart.
+            base.turn()
+            base.slot.set_counter(COUNTER_BATCHES, self.batches)
+            base.slot.set_counter(COUNTER_MESSAGES, self.messages)
             self._publish_stats()
-            self.level_gc.tick()
             if busy:
                 continue
-            if os.getppid() != parent:
+            if base.supervisor_gone():
                 log.warning("supervisor is gone: stopping")
                 return
             # A full ring to an owner, or a read that failed: retry soon.
             waiting = any(self.outlets.values()) or self.scheduler.busy
-            park(readers, self.doorbell, 0.01 if waiting else park_timeout)
+            park(readers, base.doorbell, 0.01 if waiting else park_timeout)
 
     def close(self) -> None:
         for store in self.stores.values():
@@ -217,15 +204,13 @@ class ReplayWorker:
             ring.close()
         for bell in self.bells:
             bell.close()
-        self.doorbell.close()
-        self.stats.close()
-        self.control.close()
+        self.base.close()
 
 
 def run_replay(spec: WorkerSpec) -> None:
     stop = StopOnSignal()
     worker = ReplayWorker(spec)
-    stop.wake(worker.doorbell)
+    stop.wake(worker.base.doorbell)
     try:
         worker.run(stop)
     finally:

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
 
+from mpbroker.admin import AdminServer, WorkerRef, status_view
 from mpbroker.config import Config, ConfigError, parse_levels, reload_flow_settings
 from mpbroker.memory import MemWatch, broker_memory_bytes, check, require_fits
 from mpbroker.routing import Topology
@@ -38,7 +39,6 @@ from mpbroker.shm import (
 
 from ._launcher import Launcher, LauncherError, WorkerProcess
 from ._layout import Layout, WorkerSpec, reloaded_config
-from .admin import AdminServer, WorkerRef, status_view
 
 __all__ = ["StartupError", "serve"]
 

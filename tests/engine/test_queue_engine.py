@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 from typing import Any
 
 import msgspec
@@ -12,7 +13,8 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from mpbroker.config import QueueSettings
-from mpbroker.engine import ConsumerKey, Outbox, QueueEngine
+from mpbroker.engine import ConsumerKey, IndexCache, Outbox, QueueEngine, no_byte_window
+from mpbroker.flow import FlowTracker
 from mpbroker.records import (
     ACK_AUTO,
     ACK_CLIENT,
@@ -49,8 +51,23 @@ Q = "/queue/q"
 PIPELINE = 3
 
 
-def make_engine(**changes: Any) -> QueueEngine:
-    return QueueEngine(QueueSettings(**changes), PIPELINE, Outbox())
+def make_engine(
+    *,
+    pager: FakePager | None = None,
+    index_cache: IndexCache | None = None,
+    flow_volatile: FlowTracker | None = None,
+    window_bytes_for: Callable[[str], int] = no_byte_window,
+    **changes: Any,
+) -> QueueEngine:
+    return QueueEngine(
+        QueueSettings(**changes),
+        PIPELINE,
+        Outbox(),
+        pager=pager,
+        index_cache=index_cache,
+        flow_volatile=flow_volatile,
+        window_bytes_for=window_bytes_for,
+    )
 
 
 def subscribe(
@@ -911,15 +928,15 @@ class PagingQueueEngineMachine(QueueEngineMachine):
     def start(self) -> None:
         super().start()
         self.max_bytes = 10**9
+        self.pager = FakePager(room=6)
         self.engine = QueueEngine(
             QueueSettings(
                 prefetch=3, max_messages=MAX_MESSAGES, max_bytes=self.max_bytes, max_redeliveries=-1
             ),
             PIPELINE,
             Outbox(),
+            pager=self.pager,
         )
-        self.pager = FakePager(room=6)
-        self.engine.pager = self.pager
 
     @rule(on=st.booleans())
     def switch_paging(self, on: bool) -> None:
@@ -969,7 +986,7 @@ def test_a_refused_send_leaves_no_queue_behind() -> None:
 
 def test_expired_messages_are_dropped_on_read_and_by_the_scan() -> None:
     engine = make_engine()
-    engine.now_ms = 10_000
+    engine.tick(10_000)
     expired = make_message("old")
     expired.expires_ms = 5_000
     engine.handle(9, Send(1, expired))
@@ -978,7 +995,7 @@ def test_expired_messages_are_dropped_on_read_and_by_the_scan() -> None:
     engine.handle(9, Send(1, later))
     assert engine.expire_scan(10_000) == 1
     assert engine.depth(Q) == 1
-    engine.now_ms = 30_000  # `later` has expired by the time a consumer comes
+    engine.tick(30_000)  # `later` has expired by the time a consumer comes
     engine.handle(0, subscribe(1, 1))
     assert delivered_messages(engine.outbox.take()) == []
     assert engine.depth(Q) == 0 and engine.held_bytes == 0
@@ -1007,10 +1024,8 @@ def test_a_message_returned_too_often_goes_to_the_dead_letter_queue() -> None:
 
 
 def test_stored_messages_beyond_the_index_cache_wait_paged_and_come_back_whole() -> None:
-    engine = make_engine()
     stored: dict[int, Message] = {}
-    engine.loader = stored.__getitem__
-    engine.cache_entries = 2
+    engine = make_engine(index_cache=IndexCache(stored.__getitem__, max_entries=2))
     for n in range(1, 6):
         message = make_message(f"m{n}", body=b"body%d" % n, headers={"k": str(n)})
         message.persistent, message.seq = True, n
@@ -1036,23 +1051,23 @@ def test_stored_messages_beyond_the_index_cache_wait_paged_and_come_back_whole()
 
 
 def test_flow_trackers_count_what_each_queue_holds_until_it_is_settled() -> None:
-    from mpbroker.flow import FlowChange, FlowTracker, StoreLimits, Watermark
+    from mpbroker.flow import FlowChange, StoreLimits, Watermark
 
-    engine = make_engine()
     off = Watermark(-1, -1)
-    engine.flow_volatile = FlowTracker(StoreLimits(Watermark(3, 1), off, off, off))
+    flow = FlowTracker(StoreLimits(Watermark(3, 1), off, off, off))
+    engine = make_engine(flow_volatile=flow)
     send_all(engine, ["a", "b", "c"])
-    assert engine.flow_volatile.changes() == [FlowChange(Q, "msg_high 3")]
+    assert flow.changes() == [FlowChange(Q, "msg_high 3")]
     engine.handle(9, subscribe(1, 1, prefetch=10))
-    assert engine.flow_volatile.changes() == []  # delivered but unacknowledged: still held
+    assert flow.changes() == []  # delivered but unacknowledged: still held
     engine.handle(9, Ack(1, 1, "b"))  # client mode: a and b
-    assert engine.flow_volatile.changes() == [FlowChange(Q, "")]
-    assert engine.flow_volatile.counts(Q)[0] == 1
+    assert flow.changes() == [FlowChange(Q, "")]
+    assert flow.counts(Q)[0] == 1
 
 
 def test_a_byte_window_makes_a_consumer_not_ready_before_its_message_window() -> None:
-    engine = make_engine()
-    engine.window_bytes_for = lambda destination: 2 * make_message("x", body=b"b" * 100).size
+    window = 2 * make_message("x", body=b"b" * 100).size
+    engine = make_engine(window_bytes_for=lambda destination: window)
     engine.handle(9, subscribe(1, 1, prefetch=100))
     for n in range(5):
         engine.handle(9, send(1, f"m{n}", Q, body=b"b" * 100))
@@ -1067,8 +1082,8 @@ def test_a_byte_window_makes_a_consumer_not_ready_before_its_message_window() ->
 
 
 def test_while_paging_a_message_left_waiting_has_its_body_paged_out_and_back_at_delivery() -> None:
-    engine = make_engine()
-    pager = engine.pager = FakePager(room=100)
+    pager = FakePager(room=100)
+    engine = make_engine(pager=pager)
     engine.paging = True
     send_all(engine, ["m1", "m2"])
     waiting = list(engine.queues[Q].pending)
@@ -1086,8 +1101,8 @@ def test_while_paging_a_message_left_waiting_has_its_body_paged_out_and_back_at_
 
 
 def test_a_message_taken_at_once_by_a_ready_consumer_is_never_paged() -> None:
-    engine = make_engine()
-    pager = engine.pager = FakePager(room=100)
+    pager = FakePager(room=100)
+    engine = make_engine(pager=pager)
     engine.paging = True
     engine.handle(0, subscribe(1, 1, prefetch=10))
     send_all(engine, ["m1"])
@@ -1095,16 +1110,14 @@ def test_a_message_taken_at_once_by_a_ready_consumer_is_never_paged() -> None:
 
 
 def test_page_out_takes_the_newest_bodies_first_and_stops_when_the_pager_is_full() -> None:
-    engine = make_engine()
-    engine.pager = FakePager(room=2)
+    engine = make_engine(pager=FakePager(room=2))
     send_all(engine, ["m1", "m2", "m3", "m4"])
     assert engine.page_out(100) == 8  # two bodies of 4 bytes: then no room
     assert [bool(m.temp_key) for m in engine.queues[Q].pending] == [False, False, True, True]
 
 
 def test_page_out_does_not_rescan_a_paged_backlog() -> None:
-    engine = make_engine()
-    engine.pager = FakePager(room=100)
+    engine = make_engine(pager=FakePager(room=100))
     send_all(engine, ["m1", "m2", "m3"])
     engine.page_out(4)  # m3
     send_all(engine, ["m4", "m5"])
@@ -1115,8 +1128,8 @@ def test_page_out_does_not_rescan_a_paged_backlog() -> None:
 
 
 def test_an_expired_paged_message_is_dropped_from_the_pager_without_reading_it() -> None:
-    engine = make_engine()
-    pager = engine.pager = FakePager(room=100)
+    pager = FakePager(room=100)
+    engine = make_engine(pager=pager)
     engine.paging = True
     message = make_message("m1")
     message.expires_ms = 5
@@ -1127,10 +1140,8 @@ def test_an_expired_paged_message_is_dropped_from_the_pager_without_reading_it()
 
 
 def test_the_index_cache_also_stops_at_its_byte_budget() -> None:
-    engine = make_engine()
     stored: dict[int, Message] = {}
-    engine.loader = stored.__getitem__
-    engine.cache_entries, engine.cache_bytes = 100, 10
+    engine = make_engine(index_cache=IndexCache(stored.__getitem__, max_entries=100, max_bytes=10))
     for n in range(1, 5):
         message = make_message(f"m{n}", body=b"four")
         message.persistent, message.seq = True, n

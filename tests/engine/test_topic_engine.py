@@ -11,6 +11,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, ru
 
 from mpbroker.config import TopicSettings
 from mpbroker.engine import Outbox, TopicEngine
+from mpbroker.flow import FlowChange
 from mpbroker.records import (
     ACK_AUTO,
     ACK_CLIENT,
@@ -45,8 +46,13 @@ T = "/topic/t"
 PIPELINE = 5
 
 
-def make_engine(**changes: Any) -> TopicEngine:
-    return TopicEngine(TopicSettings(**changes), PIPELINE, Outbox())
+def make_engine(*, pager: FakePager | None = None, **changes: Any) -> TopicEngine:
+    return TopicEngine(TopicSettings(**changes), PIPELINE, Outbox(), pager=pager)
+
+
+def flow_changes(engine: TopicEngine) -> list[FlowChange]:
+    """The stop changes since the last call (the engine's effects, taken)."""
+    return engine.take_effects().flow_changes
 
 
 def subscribe(
@@ -400,40 +406,32 @@ def test_each_subscriber_receives_exactly_the_accepted_messages_in_order(
 
 
 def test_a_slow_subscriber_arms_its_topics_live_watermark_until_it_catches_up() -> None:
-    from mpbroker.flow import FlowChange
-
     engine = make_engine(live_msg_high=3, live_msg_low=1)
     engine.handle(9, subscribe(1, 1, ack_mode=ACK_CLIENT, prefetch=1))
     for n in range(4):  # one in the window, three waiting
         engine.handle(9, send(2, f"m{n}", T))
-    assert engine.flow_changes == [FlowChange(T, "live_msg_high 3")]
+    assert flow_changes(engine) == [FlowChange(T, "live_msg_high 3")]
     assert engine.live_stops() == {T: "live_msg_high 3"}
-    engine.flow_changes.clear()
     engine.handle(9, Ack(1, 1, "m0"))  # two waiting: still over low
     engine.handle(9, Ack(1, 1, "m1"))  # one waiting: low
-    assert engine.flow_changes == [FlowChange(T, "")]
+    assert flow_changes(engine) == [FlowChange(T, "")]
     assert engine.live_stops() == {}
 
 
 def test_backlog_bytes_over_all_topics_arm_the_global_live_byte_watermark() -> None:
-    from mpbroker.flow import FlowChange
-
     engine = make_engine(global_live_byte_high=30, global_live_byte_low=10)
     engine.handle(9, subscribe(1, 1, ack_mode=ACK_CLIENT, prefetch=1, destination="/topic/a"))
     engine.handle(9, send(2, "a0", "/topic/a", body=bytes(20)))  # in the window
     engine.handle(9, send(2, "a1", "/topic/a", body=bytes(20)))  # waiting: 20 bytes
-    assert engine.flow_changes == [] and engine.live_bytes == 20
+    assert flow_changes(engine) == [] and engine.live_bytes == 20
     engine.handle(9, send(2, "a2", "/topic/a", body=bytes(20)))  # 40 bytes waiting
-    assert engine.flow_changes == [FlowChange("", "global_live_byte_high 30")]
+    assert flow_changes(engine) == [FlowChange("", "global_live_byte_high 30")]
     assert engine.live_stops() == {"": "global_live_byte_high 30"}
-    engine.flow_changes.clear()
     engine.handle(9, Unsubscribe(1, 1))
-    assert engine.flow_changes == [FlowChange("", "")] and engine.live_bytes == 0
+    assert flow_changes(engine) == [FlowChange("", "")] and engine.live_bytes == 0
 
 
 def test_backlogs_over_all_topics_arm_the_global_live_watermark() -> None:
-    from mpbroker.flow import FlowChange
-
     engine = make_engine(
         live_msg_high=10, live_msg_low=5, global_live_msg_high=3, global_live_msg_low=1
     )
@@ -442,13 +440,12 @@ def test_backlogs_over_all_topics_arm_the_global_live_watermark() -> None:
     for n in range(2):  # one in each window, then one waiting in each backlog
         engine.handle(9, send(2, f"a{n}", "/topic/a"))
         engine.handle(9, send(2, f"b{n}", "/topic/b"))
-    assert engine.flow_changes == []  # 2 waiting
+    assert flow_changes(engine) == []  # 2 waiting
     engine.handle(9, send(2, "a2", "/topic/a"))
-    assert engine.flow_changes == [FlowChange("", "global_live_msg_high 3")]
+    assert flow_changes(engine) == [FlowChange("", "global_live_msg_high 3")]
     assert engine.live_stops() == {"": "global_live_msg_high 3"}
-    engine.flow_changes.clear()
     engine.handle(9, Unsubscribe(1, 1))  # its two waiting messages go with it: 1 left
-    assert engine.flow_changes == [FlowChange("", "")]
+    assert flow_changes(engine) == [FlowChange("", "")]
 
 
 # -- flow-to-disk ----------------------------------------------------------------------------
@@ -460,8 +457,8 @@ def slow_subscribers(engine: TopicEngine, count: int, topic: str = "/topic/a") -
 
 
 def test_while_paging_a_message_left_in_backlogs_is_written_once_and_read_back_by_each() -> None:
-    engine = make_engine()
-    pager = engine.pager = FakePager()
+    pager = FakePager()
+    engine = make_engine(pager=pager)
     slow_subscribers(engine, 2)
     engine.handle(9, send(2, "a0", "/topic/a", body=b"first"))  # into both windows
     engine.paging = True
@@ -479,8 +476,8 @@ def test_while_paging_a_message_left_in_backlogs_is_written_once_and_read_back_b
 
 
 def test_page_out_moves_waiting_bodies_and_a_departing_subscriber_gives_its_share_back() -> None:
-    engine = make_engine()
-    pager = engine.pager = FakePager()
+    pager = FakePager()
+    engine = make_engine(pager=pager)
     slow_subscribers(engine, 2)
     for n in range(4):  # one in each window, three waiting in each backlog
         engine.handle(9, send(2, f"a{n}", "/topic/a", body=b"%d" % n * 10))
@@ -500,8 +497,7 @@ def test_page_out_moves_waiting_bodies_and_a_departing_subscriber_gives_its_shar
 
 
 def test_page_out_stops_when_the_pager_is_full() -> None:
-    engine = make_engine()
-    engine.pager = FakePager(room=1)
+    engine = make_engine(pager=FakePager(room=1))
     slow_subscribers(engine, 1)
     for n in range(3):
         engine.handle(9, send(2, f"a{n}", "/topic/a", body=b"xxxx"))
@@ -515,9 +511,8 @@ class TopicPagingMachine(RuleBasedStateMachine):
 
     @initialize()
     def start(self) -> None:
-        self.engine = make_engine(max_pending_messages=1000)
         self.pager = FakePager(room=8)
-        self.engine.pager = self.pager
+        self.engine = make_engine(pager=self.pager, max_pending_messages=1000)
         self.bodies: dict[str, bytes] = {}
         self.subs: set[int] = set()
         self.next_id = 0

@@ -31,7 +31,7 @@ import msgspec
 
 from mpbroker.clock import epoch_ms
 from mpbroker.config import Config
-from mpbroker.engine import ConsumerKey, Outbox, QueueEngine, StoredRef, TopicEngine
+from mpbroker.engine import ConsumerKey, Outbox, QueueEffects, QueueEngine, StoredRef, TopicEngine
 from mpbroker.flow import FlowTracker, expired_log_line, expiry_policies
 from mpbroker.records import (
     Ack,
@@ -53,7 +53,7 @@ from mpbroker.records import (
 )
 from mpbroker.stores import CommitBuffer, StoreError, TopicStore
 
-from .persistence import refuse_unstored
+from ._persistence import refuse_unstored
 
 __all__ = ["Durables", "TopicPersistence", "durable_queue"]
 
@@ -162,17 +162,18 @@ class TopicPersistence:
                     expiry_log.info("%s", expired_log_line(message, policy.log_fields))
         self.store.expire(seqs, now)
 
-    def write_back(self, engine: QueueEngine) -> None:
-        """Record what the subscriptions acknowledged, returned and let expire; run the
-        store's expiry scan when it is due (a batch at a time, `cleanup_gap_ms` apart)."""
+    def write_back(self, effects: QueueEffects) -> None:
+        """Record what the subscriptions acknowledged, returned and let expire in a step
+        (their queue engine's effects); run the store's expiry scan when it is due (a batch
+        at a time, `cleanup_gap_ms` apart)."""
         now = epoch_ms()
         try:
-            if engine.settled_refs:
-                self.store.ack(_by_subscription(engine.settled_refs), "acked", now)
-            if engine.returned_refs:
-                self.store.returned(_by_subscription(engine.returned_refs))
-            if engine.expired_refs:
-                self.store.ack(_by_subscription(engine.expired_refs), "expired", now)
+            if effects.settled:
+                self.store.ack(_by_subscription(effects.settled), "acked", now)
+            if effects.returned:
+                self.store.returned(_by_subscription(effects.returned))
+            if effects.expired:
+                self.store.ack(_by_subscription(effects.expired), "expired", now)
             if self.scan_interval_ms and now >= self.next_scan_ms:
                 seqs = self.store.expired(now, self.cleanup_batch)
                 if seqs:
@@ -183,9 +184,6 @@ class TopicPersistence:
         except StoreError as exc:
             # Still pending in the store: they come back after a restart, redelivered.
             log.error("store error while recording acknowledgements: %s", exc)
-        engine.settled_refs.clear()
-        engine.returned_refs.clear()
-        engine.expired_refs.clear()
 
 
 @dataclass(eq=False)
@@ -205,6 +203,11 @@ class _Durable:
 
 
 class Durables:
+    """The durable subscriptions of one pubsub partition: their store, their replays, and
+    the seam between replay and live delivery (see the module's docstring).
+
+    `flow` is flow control's count of what the topic store holds per topic."""
+
     def __init__(
         self,
         store: TopicStore,
@@ -214,6 +217,7 @@ class Durables:
         config: Config,
         pipeline: int,
         incarnation: int,
+        flow: FlowTracker,
     ) -> None:
         self.store = store
         self.topics = topics
@@ -229,17 +233,21 @@ class Durables:
             self.by_topic.setdefault(d.topic, set()).add(d.name)
         self.active: dict[ConsumerKey, str] = {}
         self.replaying: set[str] = set()
-        # Records for our replay worker, flushed by the pipeline with everything else.
-        self.to_replay: list[Record] = []
+        # Records for our replay worker (`take_replay_records`).
+        self._to_replay: list[Record] = []
         # Request ids of different incarnations never collide: a batch asked for by our
         # predecessor is never taken for ours.
         self.last_request = incarnation << 32
         self.redeliver_below = 0
         self.last_stored = 0  # the highest seq stored so far
         self.max_live = config.topics.max_pending_messages
-        # Flow control's count of what the topic store holds per topic (set by the worker).
-        self.flow: FlowTracker | None = None
+        self.flow = flow
         self.low_water = config.replay.replay_messages // 2
+
+    def take_replay_records(self) -> list[Record]:
+        """Requests and releases for our replay worker since the last call, in order."""
+        records, self._to_replay = self._to_replay, []
+        return records
 
     # -- start-up ------------------------------------------------------------------------
 
@@ -252,13 +260,12 @@ class Durables:
         orphans = self.store.recover(epoch_ms())
         self.last_stored = max(self.store.messages.live_seqs(), default=0)
         self.redeliver_below = self.last_stored + 1
-        if self.flow is not None:
-            # What the store holds per topic, from index rows only (no bodies read).
-            for stored in self.store.messages.live(full=0):
-                self.flow.add(stored.message.destination, 1, stored.message.size)
-            self.store.messages.on_settled = self._settled_in_store
+        # What the store holds per topic, from index rows only (no bodies read).
+        for stored in self.store.messages.live(full=0):
+            self.flow.add(stored.message.destination, 1, stored.message.size)
+        self.store.messages.on_settled = self._settled_in_store
         # Our predecessor's places in the replay worker are ours to give back.
-        self.to_replay.append(ReplayRelease(self.pipeline))
+        self._to_replay.append(ReplayRelease(self.pipeline))
         return orphans
 
     def stats(self) -> list[dict[str, object]]:
@@ -274,9 +281,8 @@ class Durables:
 
     def _settled_in_store(self, rows: list[tuple[str, int]]) -> None:
         """Stored messages every subscription is done with left the store."""
-        if self.flow is not None:
-            for destination, size in rows:
-                self.flow.remove(destination, 1, size)
+        for destination, size in rows:
+            self.flow.remove(destination, 1, size)
 
     # -- records -------------------------------------------------------------------------
 
@@ -377,8 +383,7 @@ class Durables:
     def _stored(self, record: Send, names: tuple[str, ...], seq: int) -> None:
         """A persistent message is in the store: live subscribers get it now."""
         self.last_stored = seq
-        if self.flow is not None:
-            self.flow.add(record.message.destination, 1, record.message.size)
+        self.flow.add(record.message.destination, 1, record.message.size)
         for name in names:
             d = self.subs.get(name)
             if d is not None and d.consumer is not None and not d.replaying:
@@ -474,7 +479,7 @@ class Durables:
         # leaves memory: the backlog stays on disk.
         self.queues.evict(durable_queue(d.name))
         if d.replaying:
-            self.to_replay.append(ReplayRelease(self.pipeline, d.name))
+            self._to_replay.append(ReplayRelease(self.pipeline, d.name))
             self.replaying.discard(d.name)
         assert d.consumer is not None
         del self.active[d.consumer]
@@ -509,14 +514,14 @@ class Durables:
     def _request(self, d: _Durable) -> None:
         self.last_request += 1
         d.request_id = self.last_request
-        self.to_replay.append(
+        self._to_replay.append(
             ReplayRequest(self.pipeline, d.name, d.request_id, d.after, self.redeliver_below)
         )
 
     def _go_live(self, d: _Durable) -> None:
         d.replaying = False
         self.replaying.discard(d.name)
-        self.to_replay.append(ReplayRelease(self.pipeline, d.name))
+        self._to_replay.append(ReplayRelease(self.pipeline, d.name))
         d.skip = set()
         held, d.held = d.held, []
         for message in held:

@@ -1,4 +1,4 @@
-"""What a worker publishes in its stats block for the admin API (JSON-ready dicts).
+"""What a pipeline publishes in its stats block for the admin API (JSON-ready dicts).
 
 Built from the engines' own state every `admin.stats_interval_ms`; lists are cut at
 `_MAX_ITEMS` entries (the count of what was left out is given) so a broker with many
@@ -7,15 +7,13 @@ destinations or consumers still fits its block.
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from mpbroker.engine import Engine, QueueEngine, TopicEngine
 from mpbroker.flow import FlowTracker, StoreLimits
 from mpbroker.records import ACK_MODES
-from mpbroker.shm import StatsBlock
 
-__all__ = ["consumers", "publish", "queues", "topics"]
+__all__ = ["consumers_snapshot", "queues_snapshot", "topics_snapshot"]
 
 _MAX_ITEMS = 1000
 _ACK_NAMES = {value: name for name, value in ACK_MODES.items()}
@@ -74,7 +72,7 @@ def _global_rows(tracked: _Tracked) -> dict[str, Any]:
     }
 
 
-def queues(engine: QueueEngine, trackers: list[tuple[str, FlowTracker]]) -> dict[str, Any]:
+def queues_snapshot(engine: QueueEngine, trackers: list[tuple[str, FlowTracker]]) -> dict[str, Any]:
     """Every queue: waiting and unacknowledged messages, and per store its counts,
     watermarks and stop; the stores' global counts and stops."""
     tracked = _tracked(trackers)
@@ -96,7 +94,7 @@ def queues(engine: QueueEngine, trackers: list[tuple[str, FlowTracker]]) -> dict
     return out
 
 
-def topics(engine: TopicEngine, trackers: list[tuple[str, FlowTracker]]) -> dict[str, Any]:
+def topics_snapshot(engine: TopicEngine, trackers: list[tuple[str, FlowTracker]]) -> dict[str, Any]:
     """Every topic with subscribers or stored messages: subscribers, the slowest one's
     backlog, the live watermark and stop, and what its durable backlog holds in the topic
     store; the topic store's and the live buffer's global figures."""
@@ -136,7 +134,7 @@ def topics(engine: TopicEngine, trackers: list[tuple[str, FlowTracker]]) -> dict
     return out
 
 
-def consumers(*engines: Engine) -> dict[str, Any]:
+def consumers_snapshot(*engines: Engine) -> dict[str, Any]:
     """Every consumer's window: in use, size, and whether it can take more (`ready`)."""
     rows = []
     for engine in engines:
@@ -160,14 +158,3 @@ def consumers(*engines: Engine) -> dict[str, Any]:
     out: dict[str, Any] = {}
     _cut(rows, "consumers", out)
     return out
-
-
-def publish(block: StatsBlock, snapshot: dict[str, Any]) -> None:
-    """Write `snapshot` as JSON; if it does not fit, say so in a smaller one."""
-    data = json.dumps(snapshot, separators=(",", ":")).encode()
-    if not block.write(data):
-        short = {k: v for k, v in snapshot.items() if not isinstance(v, dict | list)}
-        short["error"] = (
-            f"state of {len(data)} bytes does not fit admin.stats_bytes = {block.capacity}"
-        )
-        block.write(json.dumps(short).encode())

@@ -15,11 +15,11 @@ import msgspec
 
 from mpbroker.clock import epoch_ms
 from mpbroker.config import Config
-from mpbroker.engine import Outbox, QueueEngine
+from mpbroker.engine import IndexCache, Outbox, QueueEffects, QueueEngine
 from mpbroker.records import Message, Refuse, Send
 from mpbroker.stores import CommitBuffer, MessageStore, StoreError
 
-__all__ = ["QueuePersistence", "refuse_unstored"]
+__all__ = ["QueuePersistence", "index_cache", "refuse_unstored"]
 
 log = logging.getLogger("mpbroker.pipeline")
 
@@ -37,17 +37,27 @@ def refuse_unstored(outbox: Outbox, batch: Sequence[tuple[int, Send]], exc: Stor
         )
 
 
+def index_cache(store: MessageStore, config: Config) -> IndexCache:
+    """Waiting messages beyond the index cache keep only their index entry in memory; the
+    store gives the rest back at delivery."""
+
+    def load(seq: int) -> Message:
+        return store.read(seq).message
+
+    settings = config.store
+    return IndexCache(load, settings.index_cache_entries, settings.index_cache_bytes)
+
+
 class QueuePersistence:
+    """Persistent queue messages of one p2p worker: group commit into its store, then the
+    engine takes them; what the engine settled, returned and let expire, written back."""
+
     def __init__(
         self, store: MessageStore, engine: QueueEngine, outbox: Outbox, config: Config
     ) -> None:
         self.store = store
         self.engine = engine
         self.outbox = outbox
-        # Waiting messages beyond the index cache keep only their index entry in memory.
-        engine.loader = self._load
-        engine.cache_entries = config.store.index_cache_entries
-        engine.cache_bytes = config.store.index_cache_bytes
         commit = config.store
         self.cleanup_batch = commit.cleanup_batch
         self.cleanup_gap_ms = commit.cleanup_gap_ms
@@ -55,9 +65,6 @@ class QueuePersistence:
         self.expired_backlog: list[int] = []
         self.next_cleanup_ms = 0
         self.buffer: CommitBuffer[tuple[int, Send]] = CommitBuffer.for_settings(commit)
-
-    def _load(self, seq: int) -> Message:
-        return self.store.read(seq).message
 
     def recover(self) -> int:
         """Put every unsettled stored message back in its queue; returns how many.
@@ -68,7 +75,8 @@ class QueuePersistence:
         restored = 0
         # Only the first index_cache_entries come with their bodies: a restart with a
         # large backlog does not read every body into memory.
-        for stored in self.store.live(full=self.engine.cache_entries):
+        cache = self.engine.index_cache
+        for stored in self.store.live(full=cache.max_entries if cache is not None else None):
             # Counted as delivered once more: it may have reached a consumer before.
             message = msgspec.structs.replace(
                 stored.message,
@@ -116,7 +124,7 @@ class QueuePersistence:
         if due is not None and due <= 0:
             self.commit()
 
-    def _move_dead_letters(self, now: int) -> None:
+    def _move_dead_letters(self, moves: list[tuple[int, Message, str]], now: int) -> None:
         """Store the dead-letter copies, then settle their originals.
 
         In that order: a crash in between leaves a duplicate (at least once), never a loss.
@@ -124,7 +132,6 @@ class QueuePersistence:
         in their queue after a restart) and the copies are kept in memory meanwhile.
         """
         engine = self.engine
-        moves, engine.dead_letters = engine.dead_letters, []
         copies = [copy for _, copy, _ in moves]
         try:
             seqs = self.store.append(copies)
@@ -139,23 +146,21 @@ class QueuePersistence:
             seqs = [seq for seq, _, o in moves if o == outcome]
             self.store.settle(seqs, outcome, now)
 
-    def write_back(self) -> None:
-        """Record what the engine settled, returned and expired since the last call.
+    def write_back(self, effects: QueueEffects) -> None:
+        """Record what the engine settled, returned and expired in a step.
 
         Expired messages are settled in transactions of at most `cleanup_batch`, with
         `cleanup_gap_ms` between them, so a mass expiry never stalls delivery.
         """
-        engine = self.engine
         now = epoch_ms()
-        self.expired_backlog.extend(seq for _, seq in engine.expired_refs)
-        engine.expired_refs.clear()
+        self.expired_backlog.extend(seq for _, seq in effects.expired)
         try:
-            if engine.dead_letters:
-                self._move_dead_letters(now)
-            if engine.settled_refs:
-                self.store.settle([seq for _, seq in engine.settled_refs], "acked", now)
-            if engine.returned_refs:
-                self.store.record_delivery([seq for _, seq in engine.returned_refs])
+            if effects.dead_letters:
+                self._move_dead_letters(effects.dead_letters, now)
+            if effects.settled:
+                self.store.settle([seq for _, seq in effects.settled], "acked", now)
+            if effects.returned:
+                self.store.record_delivery([seq for _, seq in effects.returned])
             if self.expired_backlog and now >= self.next_cleanup_ms:
                 chunk = self.expired_backlog[: self.cleanup_batch]
                 del self.expired_backlog[: self.cleanup_batch]
@@ -165,5 +170,3 @@ class QueuePersistence:
             # The messages stay live in the store and come back after a restart, marked
             # redelivered: at least once, as promised for persistent messages.
             log.error("store error while recording acknowledgements: %s", exc)
-        engine.settled_refs.clear()
-        engine.returned_refs.clear()

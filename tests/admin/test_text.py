@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from mpbroker.admin_view import render_status
+from mpbroker.admin import render_status
 
 
 def worker(title: str, **stats: object) -> dict[str, object]:

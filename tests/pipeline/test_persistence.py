@@ -9,9 +9,9 @@ import pytest
 
 from mpbroker.config import Config, replace_settings
 from mpbroker.engine import Outbox, QueueEngine
+from mpbroker.pipeline import QueuePersistence, index_cache
 from mpbroker.records import Message, Receipt, Refuse, Send
 from mpbroker.stores import MessageStore, StoreError
-from mpbroker.workers.persistence import QueuePersistence
 
 
 def persistent_send(n: int) -> Send:
@@ -22,8 +22,8 @@ def persistent_send(n: int) -> Send:
 def make(tmp_path: Path, *, group_commit: bool = True) -> QueuePersistence:
     config = replace_settings(Config(), "store", group_commit=group_commit)
     outbox = Outbox()
-    engine = QueueEngine(config.queues, 0, outbox)
     store = MessageStore.open(tmp_path / "p2p-0", config.store)
+    engine = QueueEngine(config.queues, 0, outbox, index_cache=index_cache(store, config))
     return QueuePersistence(store, engine, outbox, config)
 
 

@@ -37,6 +37,7 @@ __all__ = [
     "PagedEngine",
     "VolatilePaging",
     "live_byte_mark",
+    "open_temp_store",
     "paging_enabled",
     "queue_paging_mark",
     "topic_paging_mark",
@@ -53,10 +54,10 @@ def paging_enabled(config: Config) -> bool:
 
 
 class PagedEngine(Protocol):
-    """What paging needs of an engine (QueueEngine, TopicEngine)."""
+    """What paging needs of an engine (QueueEngine, TopicEngine, built with the temp store
+    as its pager)."""
 
     paging: bool
-    pager: Any
 
     @property
     def held_bytes(self) -> int: ...
@@ -95,19 +96,24 @@ def volatile_limits(config: Config) -> StoreLimits:
     return limits
 
 
+def open_temp_store(config: Config, directory: Path) -> TempStore:
+    """A pipeline's temp store, emptied (it only ever holds what this run paged)."""
+    return TempStore.open(directory, config.temp_store, config.store.sqlite_cache_bytes)
+
+
 class VolatilePaging:
-    """The paging decisions of one pipeline's engine, after every batch."""
+    """The paging decisions of one pipeline's engine, after every batch. `store` is the
+    engine's pager."""
 
     def __init__(
         self,
         engine: PagedEngine,
+        store: TempStore,
         config: Config,
-        directory: Path,
         mark_of: Callable[[Config], Watermark],
     ) -> None:
         self.engine = engine
-        self.store = TempStore.open(directory, config.temp_store, config.store.sqlite_cache_bytes)
-        engine.pager = self.store
+        self.store = store
         self.mark_of = mark_of  # the budget of memory whose passing starts paging
         self.configure(config)
         self.stopped = False  # producers of non-persistent messages held: the store is full

@@ -1,0 +1,174 @@
+"""The publish/subscribe pipeline: the topics of one partition.
+
+Non-persistent publishes go to the subscribers connected now (the topic engine; a slow
+subscriber's backlog is its live buffer, paged to the temp store while memory is short).
+Persistent ones are also stored for the topic's durable subscriptions (the topic store),
+whose subscribers get them live, or replayed by the replay worker when they come back.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from mpbroker.admin import consumers_snapshot, topics_snapshot
+from mpbroker.config import Config
+from mpbroker.engine import Engine, Outbox, QueueEngine, TopicEngine
+from mpbroker.flow import (
+    STORE_LIVE,
+    STORE_TOPICS,
+    FlowTracker,
+    Watermark,
+    destination_limits,
+    store_limits,
+)
+from mpbroker.records import Barrier, FlowState, Record, ReplayBatch, ReplayHello
+from mpbroker.stores import TempStore, TopicStore
+
+from ._base import Pipeline
+from ._durable import Durables
+from ._paging import VolatilePaging, live_byte_mark, topic_paging_mark
+
+__all__ = ["PubSubPipeline"]
+
+log = logging.getLogger("mpbroker.pipeline")
+
+
+def _live_marks(config: Config) -> Callable[[str], Watermark]:
+    """A topic's live-buffer watermarks: its [destinations] table's, or topics.live_*."""
+    default = Watermark(config.topics.live_msg_high, config.topics.live_msg_low)
+
+    def mark_for(topic: str) -> Watermark:
+        table = config.destination(topic)
+        if table is None or table.live_msg_high is None or table.live_msg_low is None:
+            return default
+        # High and low are set together in a table (the config refuses half a pair).
+        return Watermark(table.live_msg_high, table.live_msg_low)
+
+    return mark_for
+
+
+class PubSubPipeline(Pipeline):
+    """The topics of one partition: `store` keeps persistent messages for durable
+    subscriptions, `temp_store` (None: no paging) the live buffer paged out of memory."""
+
+    role = "pubsub"
+
+    def __init__(
+        self,
+        index: int,
+        incarnation: int,
+        gateways: int,
+        config: Config,
+        store: TopicStore,
+        temp_store: TempStore | None,
+    ) -> None:
+        outbox = Outbox()
+        windows = config.consumer_window_bytes
+        self.topics = TopicEngine(
+            config.topics,
+            index,
+            outbox,
+            window_bytes_for=windows,
+            live_mark_for=_live_marks(config),
+            global_live_byte_mark=live_byte_mark(config),
+            pager=temp_store,
+        )
+        paging = None
+        if temp_store is not None:
+            paging = VolatilePaging(self.topics, temp_store, config, topic_paging_mark)
+        # The durable subscriptions' own queues: windows, acks and redelivery.
+        queues = QueueEngine(config.queues, index, outbox, window_bytes_for=windows)
+        super().__init__(index, incarnation, gateways, config, outbox, queues, paging)
+        self.flow_stored = FlowTracker(
+            store_limits(config.topic_store), destination_limits(config, STORE_TOPICS)
+        )
+        self.durables = Durables(
+            store, self.topics, queues, outbox, config, index, incarnation, self.flow_stored
+        )
+
+    @property
+    def engine(self) -> Engine:
+        return self.topics
+
+    @property
+    def flow_trackers(self) -> list[tuple[str, FlowTracker]]:
+        return [(STORE_TOPICS, self.flow_stored)]
+
+    def recover(self) -> None:
+        orphans = self.durables.recover()
+        if orphans:
+            log.info("settled %d stored topic messages no subscription wanted", orphans)
+
+    def replayed(self, record: Record) -> None:
+        """A record from the replay worker's ring."""
+        durables = self.durables
+        if isinstance(record, ReplayBatch):
+            durables.replayed(record)
+        elif isinstance(record, ReplayHello):
+            if record.incarnation > 0:
+                log.info("replay worker %d restarted: asking again", record.worker)
+            durables.replayer_restarted()
+
+    def take_replay_records(self) -> list[Record]:
+        """Records for the replay worker since the last call, in order."""
+        return self.durables.take_replay_records()
+
+    def due_in_s(self) -> float | None:
+        return self.durables.persistence.due_in_s()
+
+    def statistics(self) -> dict[str, Any]:
+        snapshot: dict[str, Any] = {}
+        snapshot.update(topics_snapshot(self.topics, self.flow_trackers))
+        snapshot.update(consumers_snapshot(self.topics, self.queue_engine))
+        snapshot["durable_subscriptions"] = self.durables.stats()
+        if self.paging is not None:
+            snapshot["temp_store"] = self.paging.statistics()
+        return snapshot
+
+    def close(self) -> None:
+        self.durables.store.close()
+        if self.paging is not None:
+            self.paging.close()
+
+    def _handle(self, gateway: int, record: Record) -> None:
+        if isinstance(record, Barrier):
+            # A barrier answers for every earlier frame: commit those first.
+            self.durables.persistence.commit()
+        self.durables.handle(gateway, record)
+
+    def _step(self) -> bool:
+        durables = self.durables
+        durables.pump()
+        durables.persistence.commit_if_due()
+        durables.persistence.write_back(self.queue_engine.take_effects())
+        return False
+
+    def _engines(self) -> list[Engine]:
+        return [self.topics, self.queue_engine]
+
+    def _reconfigure(self, config: Config) -> None:
+        self.flow_stored.reconfigure(
+            store_limits(config.topic_store), destination_limits(config, STORE_TOPICS)
+        )
+        topics = config.topics
+        self.topics.reconfigure_live(
+            Watermark(topics.live_msg_high, topics.live_msg_low),
+            _live_marks(config),
+            Watermark(topics.global_live_msg_high, topics.global_live_msg_low),
+            live_byte_mark(config),
+        )
+        self.durables.persistence.configure_expiry(config)
+
+    def _flow_in_force_extra(self) -> list[FlowState]:
+        return [
+            FlowState(self.index, STORE_LIVE, topic, reason)
+            for topic, reason in self.topics.live_stops().items()
+        ]
+
+    def _flow_changes_extra(self) -> list[FlowState]:
+        return [
+            FlowState(self.index, STORE_LIVE, change.destination, change.reason)
+            for change in self.topics.take_effects().flow_changes
+        ]

@@ -1,0 +1,125 @@
+"""What every worker process holds and does, whatever its role.
+
+Its slot in the control block (state, pid, heartbeat, counters: the supervisor judges it by
+them), its stats block (what the admin API shows of it), its own doorbell (writers wake it
+through it), MemWatch's garbage collection at the broker's memory level, and the watch for
+settings the supervisor reloaded on SIGHUP. `StopOnSignal` is how a synchronous worker's
+loop stops.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+from types import FrameType
+from typing import Any
+
+from mpbroker.clock import epoch_ms
+from mpbroker.config import Config
+from mpbroker.shm import STATE_READY, ControlBlock, Doorbell, StatsBlock
+
+from ._gc import LevelGC
+from ._layout import WorkerSpec
+from ._reload import ConfigWatch
+
+__all__ = ["StopOnSignal", "WorkerBase", "publish"]
+
+
+class StopOnSignal:
+    """SIGTERM or SIGINT asks a synchronous worker's loop to stop at the top of its next turn
+    (``while not stop.requested``), then it closes what it holds.
+
+    Raising from the handler instead stopped the loop wherever it was (in a store commit, in
+    a ring write) and, when a second signal came while the worker was closing (Ctrl-C reaches
+    every process of the group, then the supervisor's SIGTERM follows), broke off the close:
+    logged as a crash. The handler only sets the flag and rings the worker's own doorbell, so
+    a parked loop wakes at once. Install it first thing: a signal that comes before the
+    doorbell exists is seen at the first turn.
+    """
+
+    def __init__(self) -> None:
+        self.requested = False
+        self._bell: Doorbell | None = None
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(signum, self._on_signal)
+
+    def wake(self, bell: Doorbell) -> None:
+        """Ring `bell` (the worker parks on it) when a stop is asked for."""
+        self._bell = bell
+
+    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
+        self.requested = True
+        bell = self._bell
+        if bell is not None and not bell.closed:
+            bell.ring()
+
+
+def publish(block: StatsBlock, snapshot: dict[str, Any]) -> None:
+    """Write `snapshot` as JSON; if it does not fit, say so in a smaller one."""
+    data = json.dumps(snapshot, separators=(",", ":")).encode()
+    if not block.write(data):
+        short = {k: v for k, v in snapshot.items() if not isinstance(v, dict | list)}
+        short["error"] = (
+            f"state of {len(data)} bytes does not fit admin.stats_bytes = {block.capacity}"
+        )
+        block.write(json.dumps(short).encode())
+
+
+class WorkerBase:
+    """The shared-memory side of one worker process; `bell` names its own doorbell."""
+
+    def __init__(self, spec: WorkerSpec, bell: str) -> None:
+        self.spec = spec
+        layout = spec.layout
+        self.control = ControlBlock.attach(layout.control)
+        self.slot = self.control.slot(spec.slot)
+        self.stats = StatsBlock.attach(layout.stats(spec.slot))
+        self.doorbell = Doorbell.create(bell)
+        self.level_gc = LevelGC(self.control, spec.config)
+        self.config_watch = ConfigWatch(self.control, spec)
+        self.parent = os.getppid()
+        self._next_stats_ms = 0
+
+    @property
+    def memwatch_level(self) -> int:
+        return self.control.memwatch_level
+
+    def ready(self) -> None:
+        """Serving: the supervisor sees the worker ready (with a fresh heartbeat)."""
+        self.slot.pid = os.getpid()
+        self.slot.incarnation = self.spec.incarnation
+        self.slot.beat()  # before READY: the supervisor judges ready workers by it
+        self.slot.state = STATE_READY
+
+    def turn(self) -> Config | None:
+        """Once per turn of the worker's loop: the heartbeat (the loop turns), garbage
+        collection at MemWatch's level; the reloaded settings, when SIGHUP brought some."""
+        self.slot.beat()
+        self.level_gc.tick()
+        return self.config_watch.poll()
+
+    def publish_stats(self, snapshot: dict[str, Any], now_ms: int | None = None) -> None:
+        """Publish what the admin API shows of the worker (the title, pid and time first)."""
+        now = epoch_ms() if now_ms is None else now_ms
+        publish(
+            self.stats, {"title": self.spec.title, "pid": os.getpid(), "at_ms": now, **snapshot}
+        )
+
+    def stats_due(self) -> int | None:
+        """The time now (epoch ms) when another snapshot is due (every
+        `admin.stats_interval_ms`), else None."""
+        now = epoch_ms()
+        if now < self._next_stats_ms:
+            return None
+        self._next_stats_ms = now + self.spec.config.admin.stats_interval_ms
+        return now
+
+    def supervisor_gone(self) -> bool:
+        """Our parent (the fork server, which lives as long as the supervisor) is gone."""
+        return os.getppid() != self.parent
+
+    def close(self) -> None:
+        self.doorbell.close()
+        self.stats.close()
+        self.control.close()
