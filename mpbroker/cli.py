@@ -213,14 +213,14 @@ def cmd_config_estimate(args: argparse.Namespace) -> int:
     return 0
 
 
-def _admin_get(args: argparse.Namespace, path: str) -> dict[str, Any] | None:
+def _admin_get(args: argparse.Namespace, path: str) -> bytes | None:
     import urllib.error
     import urllib.request
 
     url = f"http://{args.host}:{args.port}{path}"
     try:
         with urllib.request.urlopen(url, timeout=10) as response:
-            data: dict[str, Any] = json.load(response)
+            data: bytes = response.read()
             return data
     except (urllib.error.URLError, OSError) as exc:
         reason = getattr(exc, "reason", exc)
@@ -228,18 +228,31 @@ def _admin_get(args: argparse.Namespace, path: str) -> dict[str, Any] | None:
         return None
 
 
+def _show_admin_page(args: argparse.Namespace, path: str, render: Callable[[bytes], str]) -> int:
+    """Print an admin page: as JSON (--json) or as the tables `render` makes of it."""
+    import msgspec
+
+    data = _admin_get(args, path)
+    if data is None:
+        return 1
+    try:
+        text = msgspec.json.format(data, indent=2).decode() if args.json else render(data)
+    except msgspec.DecodeError as exc:
+        url = f"http://{args.host}:{args.port}{path}"
+        print(f"mpbroker: {url} is not an mpbroker admin page: {exc}", file=sys.stderr)
+        return 1
+    print(text)
+    return 0
+
+
 def cmd_admin_status(args: argparse.Namespace) -> int:
     """Workers, their state and what each holds.
 
     Example: mpbroker admin status --port 8161
     """
-    from mpbroker.admin import render_status
+    from mpbroker.admin import StatusView, decode, render_status
 
-    data = _admin_get(args, "/status")
-    if data is None:
-        return 1
-    print(json.dumps(data, indent=2) if args.json else render_status(data))
-    return 0
+    return _show_admin_page(args, "/status", lambda data: render_status(decode(data, StatusView)))
 
 
 def cmd_admin_flow(args: argparse.Namespace) -> int:
@@ -248,13 +261,9 @@ def cmd_admin_flow(args: argparse.Namespace) -> int:
 
     Example: mpbroker admin flow --port 8161
     """
-    from mpbroker.admin import render_flow
+    from mpbroker.admin import FlowView, decode, render_flow
 
-    data = _admin_get(args, "/flow")
-    if data is None:
-        return 1
-    print(json.dumps(data, indent=2) if args.json else render_flow(data))
-    return 0
+    return _show_admin_page(args, "/flow", lambda data: render_flow(decode(data, FlowView)))
 
 
 def cmd_bench(args: argparse.Namespace) -> int:

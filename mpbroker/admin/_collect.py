@@ -1,160 +1,202 @@
-"""What a pipeline publishes in its stats block for the admin API (JSON-ready dicts).
+"""The snapshots a pipeline publishes, built from its engines' and trackers' own state.
 
-Built from the engines' own state every `admin.stats_interval_ms`; lists are cut at
-`_MAX_ITEMS` entries (the count of what was left out is given) so a broker with many
-destinations or consumers still fits its block.
+Built every `admin.stats_interval_ms`; lists are cut at `_MAX_ITEMS` entries (the count of
+what was left out is given) so a broker with many destinations or consumers still fits its
+stats block.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TypeVar
 
 from mpbroker.engine import Engine, QueueEngine, TopicEngine
 from mpbroker.flow import FlowTracker, StoreLimits
 from mpbroker.records import ACK_MODES
 
-__all__ = ["consumers_snapshot", "queues_snapshot", "topics_snapshot"]
+from ._snapshots import (
+    ConsumerRow,
+    DurableRow,
+    GlobalStoreFigures,
+    QueueRow,
+    QueueWorkerStats,
+    StoreFigures,
+    TempStoreStats,
+    TopicRow,
+    TopicWorkerStats,
+)
+
+__all__ = ["queue_worker_stats", "topic_worker_stats"]
 
 _MAX_ITEMS = 1000
 _ACK_NAMES = {value: name for name, value in ACK_MODES.items()}
-
-
-def _cut(items: list[dict[str, Any]], what: str, out: dict[str, Any]) -> None:
-    out[what] = items[:_MAX_ITEMS]
-    if len(items) > _MAX_ITEMS:
-        out[f"{what}_not_shown"] = len(items) - _MAX_ITEMS
-
-
-def _marks(limits: StoreLimits) -> dict[str, int]:
-    return {
-        "msg_high": limits.messages.high,
-        "msg_low": limits.messages.low,
-        "byte_high": limits.bytes.high,
-        "byte_low": limits.bytes.low,
-    }
-
+_Row = TypeVar("_Row")
 
 # (store, its tracker, what it stops now): the stops are taken once per snapshot.
 _Tracked = list[tuple[str, FlowTracker, dict[str, str]]]
+
+
+def _cut(items: list[_Row]) -> tuple[list[_Row], int | None]:
+    """The first `_MAX_ITEMS` items, and how many were left out (None: none)."""
+    left_out = len(items) - _MAX_ITEMS
+    return items[:_MAX_ITEMS], (left_out if left_out > 0 else None)
 
 
 def _tracked(trackers: list[tuple[str, FlowTracker]]) -> _Tracked:
     return [(store, tracker, tracker.stopped()) for store, tracker in trackers]
 
 
-def _store_rows(name: str, tracked: _Tracked) -> dict[str, Any]:
+def _store_figures(name: str, tracked: _Tracked) -> dict[str, StoreFigures]:
     """Per store: what `name` holds there, its watermarks and its stop."""
-    stores: dict[str, Any] = {}
+    stores: dict[str, StoreFigures] = {}
     for store, tracker, stopped in tracked:
         messages, nbytes = tracker.counts(name)
-        limits = tracker.destination_limits(name) if tracker.destination_limits else tracker.limits
-        stores[store] = {
-            "messages": messages,
-            "bytes": nbytes,
-            **_marks(limits),
-            "stopped": stopped.get(name, ""),
-        }
+        limits: StoreLimits = (
+            tracker.destination_limits(name) if tracker.destination_limits else tracker.limits
+        )
+        stores[store] = StoreFigures(
+            messages=messages,
+            bytes=nbytes,
+            msg_high=limits.messages.high,
+            msg_low=limits.messages.low,
+            byte_high=limits.bytes.high,
+            byte_low=limits.bytes.low,
+            stopped=stopped.get(name, ""),
+        )
     return stores
 
 
-def _global_rows(tracked: _Tracked) -> dict[str, Any]:
+def _global_figures(tracked: _Tracked) -> dict[str, GlobalStoreFigures]:
     return {
-        store: {
-            "messages": tracker.totals[0],
-            "bytes": tracker.totals[1],
-            "global_msg_high": tracker.limits.global_messages.high,
-            "global_msg_low": tracker.limits.global_messages.low,
-            "global_byte_high": tracker.limits.global_bytes.high,
-            "global_byte_low": tracker.limits.global_bytes.low,
-            "stopped": stopped.get("", ""),
-        }
+        store: GlobalStoreFigures(
+            messages=tracker.totals[0],
+            bytes=tracker.totals[1],
+            global_msg_high=tracker.limits.global_messages.high,
+            global_msg_low=tracker.limits.global_messages.low,
+            global_byte_high=tracker.limits.global_bytes.high,
+            global_byte_low=tracker.limits.global_bytes.low,
+            stopped=stopped.get("", ""),
+        )
         for store, tracker, stopped in tracked
     }
 
 
-def queues_snapshot(engine: QueueEngine, trackers: list[tuple[str, FlowTracker]]) -> dict[str, Any]:
-    """Every queue: waiting and unacknowledged messages, and per store its counts,
-    watermarks and stop; the stores' global counts and stops."""
-    tracked = _tracked(trackers)
-    rows: list[dict[str, Any]] = []
-    for name, queue in sorted(engine.queues.items()):
-        stores = _store_rows(name, tracked)
-        rows.append(
-            {
-                "name": name,
-                "waiting": len(queue.pending),
-                "unacknowledged": queue.held_messages - len(queue.pending),
-                "consumers": len(queue.consumers),
-                "stores": stores,
-            }
+def _consumers(*engines: Engine) -> list[ConsumerRow]:
+    """Every consumer's window: in use, size, and whether it can take more (`ready`)."""
+    return [
+        ConsumerRow(
+            destination=consumer.destination,
+            subscription=consumer.sub_id,
+            gateway=consumer.key[0],
+            connection=consumer.key[1],
+            ack=_ACK_NAMES.get(consumer.ack_mode, str(consumer.ack_mode)),
+            unacknowledged=len(consumer.unacked),
+            prefetch=consumer.prefetch,
+            unacknowledged_bytes=consumer.unacked_bytes,
+            window_bytes=consumer.window_bytes,
+            backlog=len(consumer.pending),
+            ready="yes" if consumer.ready else "no",
         )
-    out: dict[str, Any] = {}
-    _cut(rows, "destinations", out)
-    out["stores"] = _global_rows(tracked)
-    return out
+        for engine in engines
+        for consumer in engine.consumers.values()
+    ]
 
 
-def topics_snapshot(engine: TopicEngine, trackers: list[tuple[str, FlowTracker]]) -> dict[str, Any]:
+def queue_worker_stats(
+    title: str,
+    pid: int,
+    at_ms: int,
+    engine: QueueEngine,
+    trackers: list[tuple[str, FlowTracker]],
+    temp_store: TempStoreStats | None,
+) -> QueueWorkerStats:
+    """Every queue: waiting and unacknowledged messages, and per store its counts,
+    watermarks and stop; the stores' global counts and stops; every consumer."""
+    tracked = _tracked(trackers)
+    rows = [
+        QueueRow(
+            name=name,
+            waiting=len(queue.pending),
+            unacknowledged=queue.held_messages - len(queue.pending),
+            consumers=len(queue.consumers),
+            stores=_store_figures(name, tracked),
+        )
+        for name, queue in sorted(engine.queues.items())
+    ]
+    destinations, destinations_not_shown = _cut(rows)
+    consumers, consumers_not_shown = _cut(_consumers(engine))
+    return QueueWorkerStats(
+        title=title,
+        pid=pid,
+        at_ms=at_ms,
+        received=engine.received,
+        delivered=engine.delivered,
+        destinations=destinations,
+        destinations_not_shown=destinations_not_shown,
+        stores=_global_figures(tracked),
+        consumers=consumers,
+        consumers_not_shown=consumers_not_shown,
+        temp_store=temp_store,
+    )
+
+
+def topic_worker_stats(
+    title: str,
+    pid: int,
+    at_ms: int,
+    engine: TopicEngine,
+    durable_queues: QueueEngine,
+    trackers: list[tuple[str, FlowTracker]],
+    durable: list[DurableRow],
+    temp_store: TempStoreStats | None,
+) -> TopicWorkerStats:
     """Every topic with subscribers or stored messages: subscribers, the slowest one's
     backlog, the live watermark and stop, and what its durable backlog holds in the topic
-    store; the topic store's and the live buffer's global figures."""
+    store; the topic store's and the live buffer's global figures; every subscriber (the
+    durable ones' in `durable_queues`)."""
     stops = engine.live_stops()
     tracked = _tracked(trackers)
-    rows = []
     names = set(engine.topics) | {
         name for _, tracker in trackers for name in tracker.tracked_destinations()
     }
+    rows = []
     for name in sorted(names):
         subscribers = engine.topics.get(name, [])
         mark = engine.live_mark_for(name)
         rows.append(
-            {
-                "name": name,
-                "subscribers": len(subscribers),
-                "deepest_backlog": max((len(c.pending) for c in subscribers), default=0),
-                "live_msg_high": mark.high,
-                "live_msg_low": mark.low,
-                "stopped": stops.get(name, ""),
-                "stores": _store_rows(name, tracked),
-            }
-        )
-    out: dict[str, Any] = {}
-    _cut(rows, "destinations", out)
-    out["stores"] = _global_rows(tracked)
-    # The live buffer (slow subscribers' backlogs) as one more global row.
-    out["stores"]["topics (live)"] = {
-        "messages": engine.live_total,
-        "bytes": engine.live_bytes,
-        "global_msg_high": engine.global_live.mark.high,
-        "global_msg_low": engine.global_live.mark.low,
-        "global_byte_high": engine.global_live_bytes.mark.high,
-        "global_byte_low": engine.global_live_bytes.mark.low,
-        "stopped": stops.get("", ""),
-    }
-    return out
-
-
-def consumers_snapshot(*engines: Engine) -> dict[str, Any]:
-    """Every consumer's window: in use, size, and whether it can take more (`ready`)."""
-    rows = []
-    for engine in engines:
-        for consumer in engine.consumers.values():
-            gateway, conn, _ = consumer.key
-            rows.append(
-                {
-                    "destination": consumer.destination,
-                    "subscription": consumer.sub_id,
-                    "gateway": gateway,
-                    "connection": conn,
-                    "ack": _ACK_NAMES.get(consumer.ack_mode, str(consumer.ack_mode)),
-                    "unacknowledged": len(consumer.unacked),
-                    "prefetch": consumer.prefetch,
-                    "unacknowledged_bytes": consumer.unacked_bytes,
-                    "window_bytes": consumer.window_bytes,
-                    "backlog": len(consumer.pending),
-                    "ready": "yes" if consumer.ready else "no",
-                }
+            TopicRow(
+                name=name,
+                subscribers=len(subscribers),
+                deepest_backlog=max((len(c.pending) for c in subscribers), default=0),
+                live_msg_high=mark.high,
+                live_msg_low=mark.low,
+                stopped=stops.get(name, ""),
+                stores=_store_figures(name, tracked),
             )
-    out: dict[str, Any] = {}
-    _cut(rows, "consumers", out)
-    return out
+        )
+    stores = _global_figures(tracked)
+    # The live buffer (slow subscribers' backlogs) as one more global row.
+    stores["topics (live)"] = GlobalStoreFigures(
+        messages=engine.live_total,
+        bytes=engine.live_bytes,
+        global_msg_high=engine.global_live.mark.high,
+        global_msg_low=engine.global_live.mark.low,
+        global_byte_high=engine.global_live_bytes.mark.high,
+        global_byte_low=engine.global_live_bytes.mark.low,
+        stopped=stops.get("", ""),
+    )
+    destinations, destinations_not_shown = _cut(rows)
+    consumers, consumers_not_shown = _cut(_consumers(engine, durable_queues))
+    return TopicWorkerStats(
+        title=title,
+        pid=pid,
+        at_ms=at_ms,
+        received=engine.received,
+        delivered=engine.delivered,
+        destinations=destinations,
+        destinations_not_shown=destinations_not_shown,
+        stores=stores,
+        consumers=consumers,
+        consumers_not_shown=consumers_not_shown,
+        durable_subscriptions=durable,
+        temp_store=temp_store,
+    )

@@ -19,6 +19,8 @@ from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
+import msgspec
+
 from mpbroker.clock import epoch_ms
 from mpbroker.shm import (
     STATE_EMPTY,
@@ -29,6 +31,25 @@ from mpbroker.shm import (
     ShmError,
     StatsBlock,
     monotonic_ms,
+)
+
+from ._snapshots import (
+    ConsumerRow,
+    DurableRow,
+    FlowView,
+    GatewayStats,
+    GlobalStoreFigures,
+    HeldSend,
+    MemoryStatus,
+    QueueRow,
+    QueueWorkerStats,
+    StatusView,
+    TopicRow,
+    TopicWorkerStats,
+    WorkerStats,
+    WorkerStatus,
+    decode,
+    encode,
 )
 
 __all__ = ["AdminServer", "WorkerRef", "flow_view", "status_view"]
@@ -47,65 +68,75 @@ WorkerRef = tuple[str, str, int, int]
 
 
 def status_view(
-    control: ControlBlock, stats: dict[int, StatsBlock], workers: list[WorkerRef]
-) -> dict[str, Any]:
+    control: ControlBlock,
+    stats: dict[int, StatsBlock],
+    workers: list[WorkerRef],
+    memory: MemoryStatus | None = None,
+) -> StatusView:
+    """Every worker's state (from the control block) and last snapshot (its stats block)."""
     now = monotonic_ms()
     rows = []
     for title, role, index, slot_index in workers:
         slot = control.slot(slot_index)
+        published: WorkerStats | None = None
+        problem = None
         try:
             raw = stats[slot_index].read()
-            published: Any = json.loads(raw) if raw else {}
-        except (ShmError, ValueError) as exc:
-            published = {"error": f"cannot read its stats: {exc}"}
+            if raw:
+                published = decode(raw, WorkerStats)  # type: ignore[arg-type]
+        except (ShmError, msgspec.DecodeError) as exc:
+            problem = f"cannot read its stats: {exc}"
         rows.append(
-            {
-                "title": title,
-                "role": role,
-                "index": index,
-                "state": _STATE_NAMES.get(slot.state, str(slot.state)),
-                "pid": slot.pid,
-                "incarnation": slot.incarnation,
-                "heartbeat_age_ms": max(0, now - slot.heartbeat_ms) if slot.heartbeat_ms else None,
-                "stats": published,
-            }
+            WorkerStatus(
+                title=title,
+                role=role,
+                index=index,
+                state=_STATE_NAMES.get(slot.state, str(slot.state)),
+                pid=slot.pid,
+                incarnation=slot.incarnation,
+                heartbeat_age_ms=max(0, now - slot.heartbeat_ms) if slot.heartbeat_ms else None,
+                stats=published,
+                stats_error=problem,
+            )
         )
-    return {"at_ms": epoch_ms(), "workers": rows}
+    return StatusView(at_ms=epoch_ms(), workers=rows, memory=memory)
 
 
-def flow_view(status: dict[str, Any]) -> dict[str, Any]:
-    """The flow-control part of a status, gathered over the workers."""
-    destinations: list[dict[str, Any]] = []
-    stores: dict[str, Any] = {}
-    producers: list[dict[str, Any]] = []
-    consumers: list[dict[str, Any]] = []
-    durable: list[dict[str, Any]] = []
-    for worker in status["workers"]:
-        stats = worker["stats"]
-        title = worker["title"]
-        for row in stats.get("destinations", []):
-            destinations.append({**row, "worker": title})
-        if "stores" in stats:
-            stores[title] = stats["stores"]
-        for row in stats.get("stopped_producers", []):
-            producers.append({**row, "gateway": title})
-        for row in stats.get("consumers", []):
-            consumers.append({**row, "worker": title})
-        for row in stats.get("durable_subscriptions", []):
-            durable.append({**row, "worker": title})
-    return {
-        "at_ms": status["at_ms"],
-        "destinations": destinations,
-        "global": stores,
-        "stopped_producers": producers,
-        "consumers": consumers,
-        "durable_subscriptions": durable,
-    }
+def flow_view(status: StatusView) -> FlowView:
+    """The flow-control part of a status, gathered over the workers; each row names the
+    worker it came from."""
+    destinations: list[QueueRow | TopicRow] = []
+    stores: dict[str, dict[str, GlobalStoreFigures]] = {}
+    producers: list[HeldSend] = []
+    consumers: list[ConsumerRow] = []
+    durable: list[DurableRow] = []
+    replace = msgspec.structs.replace
+    for worker in status.workers:
+        stats = worker.stats
+        title = worker.title
+        if isinstance(stats, GatewayStats):
+            producers += [replace(row, gateway=title) for row in stats.stopped_producers]
+        elif isinstance(stats, QueueWorkerStats | TopicWorkerStats):
+            destinations += [replace(row, worker=title) for row in stats.destinations]
+            stores[title] = stats.stores
+            consumers += [replace(row, worker=title) for row in stats.consumers]
+            if isinstance(stats, TopicWorkerStats):
+                durable += [replace(row, worker=title) for row in stats.durable_subscriptions]
+    return FlowView(
+        at_ms=status.at_ms,
+        destinations=destinations,
+        global_stores=stores,
+        stopped_producers=producers,
+        consumers=consumers,
+        durable_subscriptions=durable,
+    )
 
 
 class AdminServer:
-    def __init__(self, host: str, port: int, status: Callable[[], dict[str, Any]]) -> None:
-        views: dict[str, Callable[[], dict[str, Any]]] = {
+    """The HTTP server of the admin API, in a thread; `status` makes the status page."""
+
+    def __init__(self, host: str, port: int, status: Callable[[], StatusView]) -> None:
+        views: dict[str, Callable[[], StatusView | FlowView]] = {
             "/status": status,
             "/flow": lambda: flow_view(status()),
         }
@@ -117,13 +148,13 @@ class AdminServer:
                     self._reply(404, {"error": f"no such page {self.path!r}", "pages": [*views]})
                     return
                 try:
-                    self._reply(200, view())
+                    self._reply(200, encode(view()))
                 except Exception as exc:  # never take the supervisor down with a page
                     log.exception("admin page %s failed", self.path)
                     self._reply(500, {"error": str(exc)})
 
-            def _reply(self, code: int, body: dict[str, Any]) -> None:
-                data = json.dumps(body, indent=1).encode()
+            def _reply(self, code: int, body: dict[str, Any] | bytes) -> None:
+                data = body if isinstance(body, bytes) else json.dumps(body).encode()
                 self.send_response(code)
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(data)))

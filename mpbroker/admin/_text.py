@@ -1,8 +1,19 @@
-"""Plain-text views of the admin API's JSON (`mpbroker admin status|flow`). Pure."""
+"""Plain-text views of the admin API's pages (`mpbroker admin status|flow`). Pure."""
 
 from __future__ import annotations
 
 from typing import Any
+
+from ._snapshots import (
+    FlowView,
+    GatewayStats,
+    QueueWorkerStats,
+    ReplayStats,
+    StatusView,
+    TopicRow,
+    TopicWorkerStats,
+    WorkerStats,
+)
 
 __all__ = ["render_flow", "render_status", "table"]
 
@@ -20,47 +31,52 @@ def _mark(high: int, low: int) -> str:
     return "off" if high < 0 else f"{high}/{low}"
 
 
-def render_status(data: dict[str, Any]) -> str:
-    rows = []
-    for w in data["workers"]:
-        stats = w["stats"]
-        figures = {
-            "received": stats.get("received"),
-            "delivered": stats.get("delivered"),
-            "connections": stats.get("connections"),
-        }
-        shown = ", ".join(f"{k} {v}" for k, v in figures.items() if v is not None)
-        rows.append(
-            [w["title"], w["state"], w["pid"], w["incarnation"], w["heartbeat_age_ms"], shown]
-        )
+def _figures(stats: WorkerStats | None) -> str:
+    """A worker's headline figures."""
+    if isinstance(stats, QueueWorkerStats | TopicWorkerStats):
+        return f"received {stats.received}, delivered {stats.delivered}"
+    if isinstance(stats, GatewayStats):
+        return f"connections {stats.connections}"
+    if isinstance(stats, ReplayStats):
+        return f"replaying {len(stats.replaying)}, messages {stats.messages}"
+    return ""
+
+
+def render_status(view: StatusView) -> str:
+    rows = [
+        [w.title, w.state, w.pid, w.incarnation, w.heartbeat_age_ms, _figures(w.stats)]
+        for w in view.workers
+    ]
     workers = table(["worker", "state", "pid", "restarts", "heartbeat ms", "figures"], rows)
-    temp = _temp_stores(data)
+    temp = _temp_stores(view)
     if temp:
         workers += "\n\n" + temp
-    memory = data.get("memory")
-    if not memory:
+    memory = view.memory
+    if memory is None:
         return workers
-    used, limit = memory["used_bytes"] / 2**20, memory["max_memory"] / 2**20
+    used, limit = memory.used_bytes / 2**20, memory.max_memory / 2**20
     return (
-        f"memory: level {memory['level']}, {used:.0f} MiB of max_memory {limit:.0f} MiB "
-        f"({memory['percent']} %)\n\n{workers}"
+        f"memory: level {memory.level}, {used:.0f} MiB of max_memory {limit:.0f} MiB "
+        f"({memory.percent} %)\n\n{workers}"
     )
 
 
-def _temp_stores(data: dict[str, Any]) -> str:
+def _temp_stores(view: StatusView) -> str:
     """Each pipeline's temp store (paged non-persistent bodies)."""
     rows = []
-    for w in data["workers"]:
-        temp = w["stats"].get("temp_store")
-        if temp:
+    for w in view.workers:
+        if not isinstance(w.stats, QueueWorkerStats | TopicWorkerStats):
+            continue
+        temp = w.stats.temp_store
+        if temp is not None:
             rows.append(
                 [
-                    w["title"],
-                    "yes" if temp["paging"] else "no",
-                    temp["messages"],
-                    f"{temp['bytes'] / 2**20:.1f}",
-                    f"{temp['usage_bytes'] / 2**20:.0f}/{temp['limit_bytes'] / 2**20:.0f}",
-                    "yes" if temp["full"] else "no",
+                    w.title,
+                    "yes" if temp.paging else "no",
+                    temp.messages,
+                    f"{temp.bytes / 2**20:.1f}",
+                    f"{temp.usage_bytes / 2**20:.0f}/{temp.limit_bytes / 2**20:.0f}",
+                    "yes" if temp.full else "no",
                 ]
             )
     if not rows:
@@ -68,34 +84,34 @@ def _temp_stores(data: dict[str, Any]) -> str:
     return table(["temp store", "paging", "messages", "MiB", "disk MiB/limit", "full"], rows)
 
 
-def render_flow(data: dict[str, Any]) -> str:
+def render_flow(view: FlowView) -> str:
     parts = []
     dest_rows = []
-    for d in data["destinations"]:
+    for d in view.destinations:
         # Per store what the destination holds, where it holds something or is stopped.
-        for store, s in d.get("stores", {}).items():
-            if s["messages"] or s["stopped"]:
+        for store, s in d.stores.items():
+            if s.messages or s.stopped:
                 dest_rows.append(
                     [
-                        d["name"],
+                        d.name,
                         store,
-                        s["messages"],
-                        s["bytes"],
-                        _mark(s["msg_high"], s["msg_low"]),
-                        _mark(s["byte_high"], s["byte_low"]),
-                        s["stopped"] or "no",
+                        s.messages,
+                        s.bytes,
+                        _mark(s.msg_high, s.msg_low),
+                        _mark(s.byte_high, s.byte_low),
+                        s.stopped or "no",
                     ]
                 )
-        if "deepest_backlog" in d:  # a topic: its live buffer too
+        if isinstance(d, TopicRow):  # its live buffer too
             dest_rows.append(
                 [
-                    d["name"],
+                    d.name,
                     "topics (live)",
-                    d["deepest_backlog"],
+                    d.deepest_backlog,
                     None,
-                    _mark(d["live_msg_high"], d["live_msg_low"]),
+                    _mark(d.live_msg_high, d.live_msg_low),
                     None,
-                    d["stopped"] or "no",
+                    d.stopped or "no",
                 ]
             )
     parts.append(
@@ -116,13 +132,13 @@ def render_flow(data: dict[str, Any]) -> str:
         [
             worker,
             store,
-            s["messages"],
-            s["bytes"],
-            _mark(s["global_msg_high"], s["global_msg_low"]),
-            _mark(s["global_byte_high"], s["global_byte_low"]),
-            s["stopped"] or "no",
+            s.messages,
+            s.bytes,
+            _mark(s.global_msg_high, s.global_msg_low),
+            _mark(s.global_byte_high, s.global_byte_low),
+            s.stopped or "no",
         ]
-        for worker, stores in data["global"].items()
+        for worker, stores in view.global_stores.items()
         for store, s in stores.items()
     ]
     if global_rows:
@@ -133,8 +149,7 @@ def render_flow(data: dict[str, Any]) -> str:
             )
         )
     producers = [
-        [p["gateway"], p["peer"], p["destination"], p["limit"], p["waiting_ms"]]
-        for p in data["stopped_producers"]
+        [p.gateway, p.peer, p.destination, p.limit, p.waiting_ms] for p in view.stopped_producers
     ]
     parts.append(
         table(["gateway", "producer", "destination", "limit", "waiting ms"], producers)
@@ -143,14 +158,14 @@ def render_flow(data: dict[str, Any]) -> str:
     )
     consumers = [
         [
-            c["destination"],
-            c["subscription"],
-            c["ack"],
-            f"{c['unacknowledged']}/{c['prefetch']}",
-            c["backlog"],
-            c["ready"],
+            c.destination,
+            c.subscription,
+            c.ack,
+            f"{c.unacknowledged}/{c.prefetch}",
+            c.backlog,
+            c.ready,
         ]
-        for c in data["consumers"]
+        for c in view.consumers
     ]
     parts.append(
         table(["destination", "subscription", "ack", "window", "backlog", "ready"], consumers)

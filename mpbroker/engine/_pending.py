@@ -7,9 +7,8 @@ from collections.abc import Iterable, Iterator
 
 from mpbroker.records import Message
 
-__all__ = ["HIGHEST_PRIORITY", "LOWEST_PRIORITY", "Pending"]
+__all__ = ["HIGHEST_PRIORITY", "Pending"]
 
-LOWEST_PRIORITY = 0
 HIGHEST_PRIORITY = 9
 
 

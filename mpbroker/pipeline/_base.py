@@ -23,8 +23,9 @@ from __future__ import annotations
 import logging
 import time
 from abc import ABC, abstractmethod
-from typing import Any, ClassVar, Final
+from typing import ClassVar, Final
 
+from mpbroker.admin import QueueWorkerStats, TopicWorkerStats
 from mpbroker.config import Config
 from mpbroker.engine import Engine, Outbox, QueueEngine
 from mpbroker.flow import STORE_TEMP, FlowTracker
@@ -149,8 +150,8 @@ class Pipeline(ABC):
         """Seconds until store work is due (a commit, a cleanup batch); None: nothing."""
 
     @abstractmethod
-    def statistics(self) -> dict[str, Any]:
-        """What the admin API shows of this pipeline (JSON-ready)."""
+    def statistics(self, title: str, pid: int, at_ms: int) -> QueueWorkerStats | TopicWorkerStats:
+        """What the admin API shows of this pipeline (`title`, `pid`: its worker's)."""
 
     def reload(self, config: Config) -> None:
         """SIGHUP: new flow settings; every destination is judged again by them."""

@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 
 import msgspec
 
+from mpbroker.admin import DurableRow
 from mpbroker.clock import epoch_ms
 from mpbroker.config import Config
 from mpbroker.engine import ConsumerKey, Outbox, QueueEffects, QueueEngine, StoredRef, TopicEngine
@@ -268,14 +269,14 @@ class Durables:
         self._to_replay.append(ReplayRelease(self.pipeline))
         return orphans
 
-    def stats(self) -> list[dict[str, object]]:
+    def stats(self) -> list[DurableRow]:
         """For the admin API: every durable subscription and what it is doing."""
         return [
-            {
-                "name": d.name,
-                "topic": d.topic,
-                "state": "replaying" if d.replaying else "live" if d.consumer else "inactive",
-            }
+            DurableRow(
+                name=d.name,
+                topic=d.topic,
+                state="replaying" if d.replaying else "live" if d.consumer else "inactive",
+            )
             for d in sorted(self.subs.values(), key=lambda d: d.name)
         ]
 

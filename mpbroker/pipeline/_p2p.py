@@ -10,9 +10,8 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from typing import Any
 
-from mpbroker.admin import consumers_snapshot, queues_snapshot
+from mpbroker.admin import QueueWorkerStats, queue_worker_stats
 from mpbroker.config import Config
 from mpbroker.engine import Engine, Outbox, QueueEngine
 from mpbroker.flow import (
@@ -117,13 +116,9 @@ class P2PPipeline(Pipeline):
     def due_in_s(self) -> float | None:
         return self.persistence.due_in_s()
 
-    def statistics(self) -> dict[str, Any]:
-        snapshot: dict[str, Any] = {}
-        snapshot.update(queues_snapshot(self.queue_engine, self.flow_trackers))
-        snapshot.update(consumers_snapshot(self.queue_engine))
-        if self.paging is not None:
-            snapshot["temp_store"] = self.paging.statistics()
-        return snapshot
+    def statistics(self, title: str, pid: int, at_ms: int) -> QueueWorkerStats:
+        temp = self.paging.statistics() if self.paging is not None else None
+        return queue_worker_stats(title, pid, at_ms, self.queue_engine, self.flow_trackers, temp)
 
     def close(self) -> None:
         self.persistence.store.close()

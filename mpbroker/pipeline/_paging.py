@@ -27,8 +27,9 @@ import logging
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Protocol
 
+from mpbroker.admin import TempStoreStats
 from mpbroker.config import Config
 from mpbroker.flow import OFF, StoreLimits, Watermark, store_limits
 from mpbroker.stores import StoreError, TempStore
@@ -178,20 +179,20 @@ class VolatilePaging:
         log.info(text, *args)
         self.logged_at, self.logged_starts = now, self.starts
 
-    def statistics(self) -> dict[str, Any]:
+    def statistics(self) -> TempStoreStats:
         stats = self.store.statistics()
-        return {
-            "paging": self.engine.paging,
-            "starts": self.starts,
-            "usage_bytes": stats.usage_bytes,
-            "limit_bytes": stats.limit_bytes,
-            "segments": stats.segments,
-            "messages": self.engine.paged_messages,
-            "bytes": self.engine.paged_bytes,
-            "paged_out": self.store.paged_out,
-            "paged_in": self.store.paged_in,
-            "full": stats.full,
-        }
+        return TempStoreStats(
+            paging=self.engine.paging,
+            starts=self.starts,
+            usage_bytes=stats.usage_bytes,
+            limit_bytes=stats.limit_bytes,
+            segments=stats.segments,
+            messages=self.engine.paged_messages,
+            bytes=self.engine.paged_bytes,
+            paged_out=self.store.paged_out,
+            paged_in=self.store.paged_in,
+            full=stats.full,
+        )
 
     def close(self) -> None:
         self.store.close()

@@ -10,9 +10,8 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from typing import Any
 
-from mpbroker.admin import consumers_snapshot, topics_snapshot
+from mpbroker.admin import TopicWorkerStats, topic_worker_stats
 from mpbroker.config import Config
 from mpbroker.engine import Engine, Outbox, QueueEngine, TopicEngine
 from mpbroker.flow import (
@@ -118,14 +117,18 @@ class PubSubPipeline(Pipeline):
     def due_in_s(self) -> float | None:
         return self.durables.persistence.due_in_s()
 
-    def statistics(self) -> dict[str, Any]:
-        snapshot: dict[str, Any] = {}
-        snapshot.update(topics_snapshot(self.topics, self.flow_trackers))
-        snapshot.update(consumers_snapshot(self.topics, self.queue_engine))
-        snapshot["durable_subscriptions"] = self.durables.stats()
-        if self.paging is not None:
-            snapshot["temp_store"] = self.paging.statistics()
-        return snapshot
+    def statistics(self, title: str, pid: int, at_ms: int) -> TopicWorkerStats:
+        temp = self.paging.statistics() if self.paging is not None else None
+        return topic_worker_stats(
+            title,
+            pid,
+            at_ms,
+            self.topics,
+            self.queue_engine,
+            self.flow_trackers,
+            self.durables.stats(),
+            temp,
+        )
 
     def close(self) -> None:
         self.durables.store.close()

@@ -9,12 +9,11 @@ loop stops.
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 from types import FrameType
-from typing import Any
 
+from mpbroker.admin import WorkerStats, encode, without_details
 from mpbroker.clock import epoch_ms
 from mpbroker.config import Config
 from mpbroker.shm import STATE_READY, ControlBlock, Doorbell, StatsBlock
@@ -55,15 +54,12 @@ class StopOnSignal:
             bell.ring()
 
 
-def publish(block: StatsBlock, snapshot: dict[str, Any]) -> None:
-    """Write `snapshot` as JSON; if it does not fit, say so in a smaller one."""
-    data = json.dumps(snapshot, separators=(",", ":")).encode()
+def publish(block: StatsBlock, snapshot: WorkerStats) -> None:
+    """Write `snapshot` as JSON; if it does not fit, say so in one without its lists."""
+    data = encode(snapshot)
     if not block.write(data):
-        short = {k: v for k, v in snapshot.items() if not isinstance(v, dict | list)}
-        short["error"] = (
-            f"state of {len(data)} bytes does not fit admin.stats_bytes = {block.capacity}"
-        )
-        block.write(json.dumps(short).encode())
+        error = f"state of {len(data)} bytes does not fit admin.stats_bytes = {block.capacity}"
+        block.write(encode(without_details(snapshot, error)))
 
 
 class WorkerBase:
@@ -99,12 +95,9 @@ class WorkerBase:
         self.level_gc.tick()
         return self.config_watch.poll()
 
-    def publish_stats(self, snapshot: dict[str, Any], now_ms: int | None = None) -> None:
-        """Publish what the admin API shows of the worker (the title, pid and time first)."""
-        now = epoch_ms() if now_ms is None else now_ms
-        publish(
-            self.stats, {"title": self.spec.title, "pid": os.getpid(), "at_ms": now, **snapshot}
-        )
+    def publish_stats(self, snapshot: WorkerStats) -> None:
+        """Publish what the admin API shows of the worker."""
+        publish(self.stats, snapshot)
 
     def stats_due(self) -> int | None:
         """The time now (epoch ms) when another snapshot is due (every

@@ -13,6 +13,7 @@ import enum
 import errno
 import itertools
 import logging
+import os
 import signal
 import socket
 import time
@@ -20,6 +21,7 @@ import time
 import trio
 
 from mpbroker import records
+from mpbroker.admin import GatewayStats, HeldSend
 from mpbroker.clock import epoch_ms
 from mpbroker.flow import FlowGate, Stop
 from mpbroker.records import Hello, Record
@@ -60,7 +62,6 @@ log = logging.getLogger("mpbroker.gateway")
 # Control-block counters of a gateway slot.
 COUNTER_CONNECTIONS = 0
 COUNTER_FRAMES_IN = 1
-COUNTER_MESSAGES_OUT = 2
 
 _LISTEN_BACKLOG = 1024
 _CLOSE_TIMEOUT_S = 2.0
@@ -291,21 +292,24 @@ class Gateway:
         while True:
             now = time.monotonic()
             held = [
-                {
-                    "peer": conn.peer,
-                    "destination": destination,
-                    "limit": stop.reason,
-                    "store": stop.store,
-                    "waiting_ms": int((now - since) * 1000),
-                }
+                HeldSend(
+                    peer=conn.peer,
+                    destination=destination,
+                    limit=stop.reason,
+                    store=stop.store,
+                    waiting_ms=int((now - since) * 1000),
+                )
                 for conn, (destination, stop, since) in self.held_sends.items()
             ]
             self.base.publish_stats(
-                {
-                    "connections": len(self.connections),
-                    "stopped_producers": held,
-                    "stops_known": len(self.flow.stops),
-                }
+                GatewayStats(
+                    title=self.spec.title,
+                    pid=os.getpid(),
+                    at_ms=epoch_ms(),
+                    connections=len(self.connections),
+                    stopped_producers=held,
+                    stops_known=len(self.flow.stops),
+                )
             )
             await trio.sleep(interval)
 

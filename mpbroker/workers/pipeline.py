@@ -9,6 +9,7 @@ per gateway per batch, and parks on its doorbell when there is nothing to do.
 from __future__ import annotations
 
 import logging
+import os
 import time
 
 from mpbroker import records
@@ -148,9 +149,7 @@ class PipelineWorker:
             base.slot.set_counter(COUNTER_DELIVERED, pipeline.engine.delivered)
             now = base.stats_due()
             if now is not None:
-                engine = pipeline.engine
-                snapshot = {"received": engine.received, "delivered": engine.delivered}
-                base.publish_stats({**snapshot, **pipeline.statistics()}, now)
+                base.publish_stats(pipeline.statistics(self.spec.title, os.getpid(), now))
             if reloaded is not None:
                 pipeline.reload(reloaded)
             if busy:

@@ -16,8 +16,10 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 
 from mpbroker import records
+from mpbroker.admin import ReplayStats
 from mpbroker.clock import epoch_ms
 from mpbroker.engine import ReplayKey, ReplayScheduler
 from mpbroker.records import ReplayBatch, ReplayHello, ReplayRelease, ReplayRequest
@@ -160,14 +162,16 @@ class ReplayWorker:
             return
         scheduler = self.scheduler
         self.base.publish_stats(
-            {
-                "replaying": [name for _, name in scheduler.places],
-                "waiting_for_a_place": [name for _, name in scheduler.waiting],
-                "in_flight_bytes": scheduler.in_flight_bytes,
-                "batches": self.batches,
-                "messages": self.messages,
-            },
-            now,
+            ReplayStats(
+                title=self.spec.title,
+                pid=os.getpid(),
+                at_ms=now,
+                replaying=[name for _, name in scheduler.places],
+                waiting_for_a_place=[name for _, name in scheduler.waiting],
+                in_flight_bytes=scheduler.in_flight_bytes,
+                batches=self.batches,
+                messages=self.messages,
+            )
         )
 
     def flush(self) -> None:

@@ -21,7 +21,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
 
-from mpbroker.admin import AdminServer, WorkerRef, status_view
+from mpbroker.admin import (
+    AdminServer,
+    MemoryLevel,
+    MemoryStatus,
+    StatusView,
+    WorkerRef,
+    status_view,
+)
 from mpbroker.config import Config, ConfigError, parse_levels, reload_flow_settings
 from mpbroker.memory import MemWatch, broker_memory_bytes, check, require_fits
 from mpbroker.routing import Topology
@@ -248,24 +255,23 @@ class Supervisor:
         host, port = self.admin.address
         log.info("admin API on http://%s:%d (/status, /flow)", host, port)
 
-    def admin_status(self) -> dict[str, object]:
+    def admin_status(self) -> StatusView:
         assert self.control is not None
         refs: list[WorkerRef] = [
             (w.spec_title, w.role, w.index, self._slot_index(w)) for w in self.workers
         ]
-        status = status_view(self.control, self.stats, refs)
         watch = self.memwatch
-        status["memory"] = {
-            "level": watch.level,
-            "used_bytes": watch.used,
-            "max_memory": watch.max_memory,
-            "percent": round(100 * watch.used / watch.max_memory, 1),
-            "levels": [
-                {"level": i, "percent": m.percent, "gc_interval_ms": m.gc_interval_ms}
+        memory = MemoryStatus(
+            level=watch.level,
+            used_bytes=watch.used,
+            max_memory=watch.max_memory,
+            percent=round(100 * watch.used / watch.max_memory, 1),
+            levels=[
+                MemoryLevel(level=i, percent=m.percent, gc_interval_ms=m.gc_interval_ms)
                 for i, m in enumerate(watch.levels, start=1)
             ],
-        }
-        return status
+        )
+        return status_view(self.control, self.stats, refs, memory)
 
     # -- running -------------------------------------------------------------------------
 

@@ -31,5 +31,6 @@ def eventually(check: Callable[[], Any], timeout: float = 10) -> Any:
 def worker_stats(broker: BrokerProcess, title: str) -> dict[str, Any]:
     """What one worker (e.g. "p2p 0") published last."""
     [worker] = [w for w in get(broker, "/status")["workers"] if w["title"] == title]
-    stats: dict[str, Any] = worker["stats"]
+    # null until the worker published its first snapshot
+    stats: dict[str, Any] = worker["stats"] or {}
     return stats

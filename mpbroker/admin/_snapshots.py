@@ -1,0 +1,452 @@
+"""The admin API's JSON, defined once: what every worker publishes and what the pages show.
+
+Frozen msgspec structs, like trio's statistics objects: each field is described in its
+class's docstring. Workers build their snapshot (`GatewayStats`, `QueueWorkerStats`,
+`TopicWorkerStats`, `ReplayStats`) and publish it as JSON in their stats block; the
+supervisor's admin thread reads them back into the same types and serves them in
+`StatusView` (`GET /status`) and `FlowView` (`GET /flow`); `mpbroker admin` decodes those
+pages into the same types again for its tables. A field that is not set (None) is left out
+of the JSON.
+
+Every worker's snapshot names its `role` ("gateway", "p2p", "pubsub", "replay"), and every
+destination row its `kind` ("queue", "topic"), so a reader knows which type it holds.
+"""
+
+from __future__ import annotations
+
+from typing import Any, TypeVar
+
+import msgspec
+
+__all__ = [
+    "ConsumerRow",
+    "DurableRow",
+    "FlowView",
+    "GatewayStats",
+    "GlobalStoreFigures",
+    "HeldSend",
+    "MemoryLevel",
+    "MemoryStatus",
+    "QueueRow",
+    "QueueWorkerStats",
+    "ReplayStats",
+    "StatusView",
+    "StoreFigures",
+    "TempStoreStats",
+    "TopicRow",
+    "TopicWorkerStats",
+    "WorkerStats",
+    "WorkerStatus",
+    "decode",
+    "encode",
+    "without_details",
+]
+
+
+class _Snapshot(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """Base of every snapshot: immutable, keyword-built, unset (None) fields left out."""
+
+
+# -- rows ----------------------------------------------------------------------------------
+
+
+class StoreFigures(_Snapshot, frozen=True):
+    """What one destination holds in one store, against its watermarks.
+
+    Attributes:
+        messages: messages it holds there (waiting or delivered and unacknowledged).
+        bytes: their bytes.
+        msg_high, msg_low: its message watermarks (-1: off).
+        byte_high, byte_low: its byte watermarks (-1: off).
+        stopped: the limit that stops its producers now ("" when they may send).
+    """
+
+    messages: int
+    bytes: int
+    msg_high: int
+    msg_low: int
+    byte_high: int
+    byte_low: int
+    stopped: str
+
+
+class GlobalStoreFigures(_Snapshot, frozen=True):
+    """What a whole store of one worker holds, against its global watermarks.
+
+    Attributes:
+        messages, bytes: held over all its destinations.
+        global_msg_high, global_msg_low: the store's message watermarks (-1: off).
+        global_byte_high, global_byte_low: its byte watermarks (-1: off).
+        stopped: the limit that stops every producer to the store now ("" when none).
+    """
+
+    messages: int
+    bytes: int
+    global_msg_high: int
+    global_msg_low: int
+    global_byte_high: int
+    global_byte_low: int
+    stopped: str
+
+
+class QueueRow(_Snapshot, frozen=True, tag_field="kind", tag="queue"):
+    """One queue.
+
+    Attributes:
+        name: the destination.
+        waiting: messages waiting for a consumer.
+        unacknowledged: messages delivered and not yet acknowledged.
+        consumers: subscriptions to it.
+        stores: per store (vol_queue_store, pers_queue_store) what it holds there.
+        worker: in `FlowView` only: the worker that owns it.
+    """
+
+    name: str
+    waiting: int
+    unacknowledged: int
+    consumers: int
+    stores: dict[str, StoreFigures]
+    worker: str | None = None
+
+
+class TopicRow(_Snapshot, frozen=True, tag_field="kind", tag="topic"):
+    """One topic with subscribers or stored messages.
+
+    Attributes:
+        name: the destination.
+        subscribers: subscriptions to it now.
+        deepest_backlog: messages waiting for its slowest subscriber (its live buffer).
+        live_msg_high, live_msg_low: the live buffer's watermarks for it (-1: off).
+        stopped: the live-buffer limit that stops its publishers now ("" when none).
+        stores: what its durable subscriptions' backlog holds in the topic store.
+        worker: in `FlowView` only: the worker that owns it.
+    """
+
+    name: str
+    subscribers: int
+    deepest_backlog: int
+    live_msg_high: int
+    live_msg_low: int
+    stopped: str
+    stores: dict[str, StoreFigures]
+    worker: str | None = None
+
+
+class ConsumerRow(_Snapshot, frozen=True):
+    """One subscription's window.
+
+    Attributes:
+        destination: what it subscribed to.
+        subscription: its STOMP subscription id.
+        gateway, connection: where its client is connected.
+        ack: its ack mode (auto, client, client-individual).
+        unacknowledged: deliveries in its window.
+        prefetch: the window in messages.
+        unacknowledged_bytes: bytes in its window.
+        window_bytes: the window in bytes (-1: messages only).
+        backlog: topic messages waiting for room in its window.
+        ready: "yes" when it can take another message now, else "no".
+        worker: in `FlowView` only: the worker that holds it.
+    """
+
+    destination: str
+    subscription: str
+    gateway: int
+    connection: int
+    ack: str
+    unacknowledged: int
+    prefetch: int
+    unacknowledged_bytes: int
+    window_bytes: int
+    backlog: int
+    ready: str
+    worker: str | None = None
+
+
+class DurableRow(_Snapshot, frozen=True):
+    """One durable topic subscription.
+
+    Attributes:
+        name: "<client-id>/<subscription name>".
+        topic: what it subscribes to.
+        state: "live" (its subscriber is connected and caught up), "replaying" (its
+            subscriber is connected and receives its stored backlog) or "inactive".
+        worker: in `FlowView` only: the worker that holds it.
+    """
+
+    name: str
+    topic: str
+    state: str
+    worker: str | None = None
+
+
+class HeldSend(_Snapshot, frozen=True):
+    """A SEND that flow control holds now.
+
+    Attributes:
+        peer: the producer's address.
+        destination: where it sends to.
+        limit: the limit that holds it (e.g. "msg_high 5000").
+        store: the store of that limit (a config section).
+        waiting_ms: how long it has waited.
+        gateway: in `FlowView` only: the gateway that holds it.
+    """
+
+    peer: str
+    destination: str
+    limit: str
+    store: str
+    waiting_ms: int
+    gateway: str | None = None
+
+
+class TempStoreStats(_Snapshot, frozen=True):
+    """A pipeline's temp store (non-persistent messages paged out of memory).
+
+    Attributes:
+        paging: whether messages left waiting are paged out now.
+        starts: how often paging started.
+        usage_bytes, limit_bytes: disk in use, and the most it may use.
+        segments: its files.
+        messages, bytes: paged messages waiting, and their sizes.
+        paged_out, paged_in: pages written and read back so far.
+        full: whether it is full (producers of non-persistent messages are stopped).
+    """
+
+    paging: bool
+    starts: int
+    usage_bytes: int
+    limit_bytes: int
+    segments: int
+    messages: int
+    bytes: int
+    paged_out: int
+    paged_in: int
+    full: bool
+
+
+# -- what each worker publishes ------------------------------------------------------------
+
+
+class GatewayStats(_Snapshot, frozen=True, tag_field="role", tag="gateway"):
+    """What a gateway publishes.
+
+    Attributes:
+        title: the worker ("gateway 0").
+        pid: its process.
+        at_ms: when (epoch ms).
+        connections: client connections open on it.
+        stopped_producers: the SENDs flow control holds now.
+        stops_known: stops its pipelines announced that are in force.
+        error: set when the snapshot did not fit `admin.stats_bytes` (its lists are empty).
+    """
+
+    title: str
+    pid: int
+    at_ms: int
+    connections: int
+    stopped_producers: list[HeldSend]
+    stops_known: int
+    error: str | None = None
+
+
+class _PipelineStats(_Snapshot, frozen=True):
+    """What both kinds of pipeline publish (see QueueWorkerStats, TopicWorkerStats)."""
+
+    title: str
+    pid: int
+    at_ms: int
+    received: int
+    delivered: int
+    stores: dict[str, GlobalStoreFigures]
+    consumers: list[ConsumerRow]
+    destinations_not_shown: int | None = None
+    consumers_not_shown: int | None = None
+    temp_store: TempStoreStats | None = None
+    error: str | None = None
+
+
+class QueueWorkerStats(_PipelineStats, frozen=True, kw_only=True, tag_field="role", tag="p2p"):
+    """What a p2p pipeline publishes.
+
+    Attributes:
+        title, pid, at_ms: the worker, its process, when.
+        received, delivered: messages taken in and handed to consumers so far.
+        destinations: its queues (at most 1000; `destinations_not_shown` counts the rest).
+        stores: the global figures of its stores (vol_queue_store, pers_queue_store).
+        consumers: its consumers' windows (at most 1000; `consumers_not_shown`).
+        temp_store: its temp store, when paging is configured.
+        error: set when the snapshot did not fit `admin.stats_bytes` (its lists are empty).
+    """
+
+    destinations: list[QueueRow]
+
+
+class TopicWorkerStats(_PipelineStats, frozen=True, kw_only=True, tag_field="role", tag="pubsub"):
+    """What a pubsub pipeline publishes.
+
+    Attributes:
+        title, pid, at_ms: the worker, its process, when.
+        received, delivered: messages published to it and deliveries made so far.
+        destinations: its topics (at most 1000; `destinations_not_shown` counts the rest).
+        stores: the global figures of the topic store and of the live buffer
+            ("topics (live)").
+        consumers: its subscribers' windows (at most 1000; `consumers_not_shown`).
+        durable_subscriptions: its durable subscriptions.
+        temp_store: its temp store, when paging is configured.
+        error: set when the snapshot did not fit `admin.stats_bytes` (its lists are empty).
+    """
+
+    destinations: list[TopicRow]
+    durable_subscriptions: list[DurableRow]
+
+
+class ReplayStats(_Snapshot, frozen=True, tag_field="role", tag="replay"):
+    """What a replay worker publishes.
+
+    Attributes:
+        title, pid, at_ms: the worker, its process, when.
+        replaying: durable subscriptions holding one of its places now.
+        waiting_for_a_place: those waiting for one (`replay.max_concurrent`).
+        in_flight_bytes: replayed bytes not yet taken by their owners.
+        batches, messages: replayed so far.
+        error: set when the snapshot did not fit `admin.stats_bytes` (its lists are empty).
+    """
+
+    title: str
+    pid: int
+    at_ms: int
+    replaying: list[str]
+    waiting_for_a_place: list[str]
+    in_flight_bytes: int
+    batches: int
+    messages: int
+    error: str | None = None
+
+
+WorkerStats = GatewayStats | QueueWorkerStats | TopicWorkerStats | ReplayStats
+
+# -- the pages -----------------------------------------------------------------------------
+
+
+class WorkerStatus(_Snapshot, frozen=True):
+    """One worker as the supervisor sees it.
+
+    Attributes:
+        title: e.g. "p2p 0".
+        role: gateway, p2p, pubsub or replay.
+        index: its index among the workers of its role (pipelines: p2p first, then pubsub).
+        state: down, starting, ready or stopping.
+        pid: its process (0 before it started).
+        incarnation: how often it was restarted.
+        heartbeat_age_ms: how long since its loop last turned (None before its first turn).
+        stats: what it published last (None before its first snapshot).
+        stats_error: why its snapshot could not be read, if it could not.
+    """
+
+    title: str
+    role: str
+    index: int
+    state: str
+    pid: int
+    incarnation: int
+    heartbeat_age_ms: int | None
+    stats: WorkerStats | None
+    stats_error: str | None = None
+
+
+class MemoryLevel(_Snapshot, frozen=True):
+    """One MemWatch level.
+
+    Attributes:
+        level: its number (1, 2, ...).
+        percent: the share of `memory.max_memory` where it starts.
+        gc_interval_ms: how often workers collect garbage at it (0: never).
+    """
+
+    level: int
+    percent: float
+    gc_interval_ms: int
+
+
+class MemoryStatus(_Snapshot, frozen=True):
+    """MemWatch's last reading.
+
+    Attributes:
+        level: the level now (0: below the first).
+        used_bytes: the broker's memory (PSS of its processes, plus its segments).
+        max_memory: `memory.max_memory`.
+        percent: used_bytes of max_memory.
+        levels: the configured levels.
+    """
+
+    level: int
+    used_bytes: int
+    max_memory: int
+    percent: float
+    levels: list[MemoryLevel]
+
+
+class StatusView(_Snapshot, frozen=True):
+    """`GET /status`: every worker and what it published, and the broker's memory.
+
+    Attributes:
+        at_ms: when the page was made (epoch ms).
+        workers: every worker, gateways first.
+        memory: MemWatch's last reading (None where the page is made without it).
+    """
+
+    at_ms: int
+    workers: list[WorkerStatus]
+    memory: MemoryStatus | None = None
+
+
+class FlowView(_Snapshot, frozen=True):
+    """`GET /flow`: flow control now, gathered over the workers ("Flow Control Live").
+
+    Attributes:
+        at_ms: when the page was made.
+        destinations: every destination's counts, watermarks and stops (with `worker`).
+        global_stores: per worker, its stores' global figures (JSON: `global`).
+        stopped_producers: the SENDs held now, and for how long (with `gateway`).
+        consumers: every consumer's window and whether it is ready (with `worker`).
+        durable_subscriptions: every durable subscription (with `worker`).
+    """
+
+    at_ms: int
+    destinations: list[QueueRow | TopicRow]
+    global_stores: dict[str, dict[str, GlobalStoreFigures]] = msgspec.field(name="global")
+    stopped_producers: list[HeldSend]
+    consumers: list[ConsumerRow]
+    durable_subscriptions: list[DurableRow]
+
+
+# -- encoding ------------------------------------------------------------------------------
+
+_encoder = msgspec.json.Encoder()
+_T = TypeVar("_T")
+
+
+def encode(snapshot: _Snapshot) -> bytes:
+    """The JSON of a snapshot or page."""
+    return _encoder.encode(snapshot)
+
+
+def decode(data: bytes | str, kind: type[_T]) -> _T:
+    """A snapshot or page back from its JSON (msgspec.ValidationError if it is not one)."""
+    return msgspec.json.decode(data, type=kind)
+
+
+def without_details(snapshot: WorkerStats, error: str) -> WorkerStats:
+    """`snapshot` with its lists and tables emptied, its optional parts left out and
+    `error` saying why (when the whole of it does not fit its stats block)."""
+    changes: dict[str, Any] = {"error": error}
+    for name in snapshot.__struct_fields__:
+        value = getattr(snapshot, name)
+        if isinstance(value, list):
+            changes[name] = []
+        elif isinstance(value, dict):
+            changes[name] = {}
+        elif isinstance(value, msgspec.Struct) or name.endswith("_not_shown"):
+            changes[name] = None
+    return msgspec.structs.replace(snapshot, **changes)

@@ -1,0 +1,142 @@
+"""PubSubPipeline: topics, durable subscriptions and their replays, with a real topic store
+and no rings (the replay worker's part is played by the test)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, TypeVar
+
+import pytest
+
+from mpbroker.admin import DurableRow
+from mpbroker.config import Config, config_from_mapping
+from mpbroker.flow import STORE_LIVE
+from mpbroker.pipeline import PubSubPipeline
+from mpbroker.records import (
+    ACK_CLIENT,
+    Ack,
+    ConnClosed,
+    Deliver,
+    FlowState,
+    Message,
+    Receipt,
+    Record,
+    ReplayBatch,
+    ReplayRelease,
+    ReplayRequest,
+    Send,
+    Subscribe,
+)
+from mpbroker.stores import TopicStore
+
+T = TypeVar("T")
+TOPIC = "/topic/t"
+PIPELINE = 1
+
+
+def config(**sections: dict[str, Any]) -> Config:
+    return config_from_mapping({"store": {"commit_max_delay_ms": 0}, **sections})
+
+
+@pytest.fixture
+def open_pipeline(tmp_path: Path) -> Iterator[Any]:
+    opened: list[PubSubPipeline] = []
+
+    def make(settings: Config | None = None, incarnation: int = 0) -> PubSubPipeline:
+        settings = settings or config()
+        store = TopicStore(tmp_path / "pubsub-1", tmp_path / "registry.db", settings.store)
+        pipeline = PubSubPipeline(PIPELINE, incarnation, 1, settings, store, None)
+        pipeline.recover()
+        opened.append(pipeline)
+        return pipeline
+
+    yield make
+    for pipeline in opened:
+        pipeline.close()
+
+
+def of_type(out: dict[int, list[Record]], kind: type[T]) -> list[T]:
+    return [r for r in out.get(0, []) if isinstance(r, kind)]
+
+
+def publish(n: int, *, persistent: bool = True, receipt: str = "") -> Send:
+    return Send(1, Message(f"m{n}", TOPIC, {}, b"body", 0, persistent=persistent), receipt)
+
+
+def durable(sub: int = 1, conn: int = 2) -> Subscribe:
+    return Subscribe(conn, sub, "d", TOPIC, ACK_CLIENT, 100, durable="app/d")
+
+
+def turn(pipeline: PubSubPipeline, *records: Record) -> dict[int, list[Record]]:
+    for record in records:
+        pipeline.receive(0, record)
+    pipeline.step(memwatch_level=0)
+    return pipeline.take_output()
+
+
+def test_a_durable_subscriber_gets_its_backlog_through_the_replay_worker(
+    open_pipeline: Any,
+) -> None:
+    pipeline = open_pipeline()
+    assert pipeline.take_replay_records() == [ReplayRelease(PIPELINE)]  # a fresh start
+    # Subscribe once and leave: the subscription is kept.
+    turn(pipeline, durable())
+    turn(pipeline, ConnClosed(2))
+    assert pipeline.durables.stats() == [DurableRow(name="app/d", topic=TOPIC, state="inactive")]
+    pipeline.take_replay_records()
+    # Published while it is away: stored for it, receipted once stored.
+    out = turn(pipeline, publish(1, receipt="r1"), publish(2))
+    assert of_type(out, Receipt) == [Receipt(1, "r1")]
+    assert of_type(out, Deliver) == []
+    # It comes back: the pipeline asks the replay worker for its backlog...
+    turn(pipeline, durable(sub=5, conn=3))
+    [request] = pipeline.take_replay_records()
+    assert isinstance(request, ReplayRequest) and request.name == "app/d"
+    # ...which reads it from the store (here: the test) and sends it back.
+    stored = pipeline.durables.store.messages.live()
+    batch = ReplayBatch(
+        "app/d",
+        request.request_id,
+        [m.message for m in stored],
+        [],
+        [max(m.seq for m in stored)] * 10,
+        more=False,
+    )
+    pipeline.replayed(batch)
+    out = turn(pipeline)
+    assert [d.message.message_id for d in of_type(out, Deliver)] == ["m1", "m2"]
+    # Caught up: it is live, and its place in the replay worker is given back.
+    assert pipeline.take_replay_records() == [ReplayRelease(PIPELINE, "app/d")]
+    out = turn(pipeline, publish(3))
+    assert [d.message.message_id for d in of_type(out, Deliver)] == ["m3"]
+
+
+def test_a_batch_asked_for_by_a_subscriber_since_gone_is_ignored(open_pipeline: Any) -> None:
+    pipeline = open_pipeline()
+    turn(pipeline, durable())
+    [_, request] = pipeline.take_replay_records()
+    assert isinstance(request, ReplayRequest)
+    pipeline.replayed(ReplayBatch("app/d", request.request_id + 1, [], [], [0] * 10, False))
+    assert of_type(turn(pipeline), Deliver) == []
+    assert pipeline.durables.stats() == [DurableRow(name="app/d", topic=TOPIC, state="replaying")]
+
+
+def test_a_slow_subscriber_stops_its_topics_publishers(open_pipeline: Any) -> None:
+    pipeline = open_pipeline(config(topics={"live_msg_high": 2, "live_msg_low": 1}))
+    turn(pipeline, Subscribe(2, 1, "s", TOPIC, ACK_CLIENT, 1))
+    out = turn(pipeline, *[publish(n, persistent=False) for n in range(3)])
+    assert of_type(out, FlowState) == [FlowState(PIPELINE, STORE_LIVE, TOPIC, "live_msg_high 2")]
+    out = turn(pipeline, Ack(2, 1, "m0"), Ack(2, 1, "m1"))
+    assert of_type(out, FlowState) == [FlowState(PIPELINE, STORE_LIVE, TOPIC, "")]
+
+
+def test_statistics_show_topics_consumers_and_durable_subscriptions(open_pipeline: Any) -> None:
+    pipeline = open_pipeline()
+    turn(pipeline, durable(), Subscribe(2, 2, "s", TOPIC, ACK_CLIENT, 10))
+    stats = pipeline.statistics("pubsub 0", 42, 7)
+    assert (stats.title, stats.pid, stats.at_ms) == ("pubsub 0", 42, 7)
+    assert [row.name for row in stats.destinations] == [TOPIC]
+    assert len(stats.consumers) == 2
+    assert stats.durable_subscriptions == [DurableRow(name="app/d", topic=TOPIC, state="replaying")]
+    assert stats.temp_store is None
