@@ -94,7 +94,9 @@ class InstanceLock:
         path = lock_path(instance, directory)
         deadline = time.monotonic() + timeout
         while True:
-            fd = os.open(path, os.O_RDONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, LOCK_MODE)
+            # O_NONBLOCK: a FIFO someone put there fails the check below instead of hanging us.
+            flags = os.O_RDONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+            fd = os.open(path, flags, LOCK_MODE)
             try:
                 st = os.fstat(fd)
                 if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid():
