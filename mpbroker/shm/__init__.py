@@ -9,6 +9,9 @@
   MemWatch level.
 - :func:`segment_name`, :func:`remove_instance`, :func:`sweep_stale`: every entry is named
   ``mpb.<instance>.<purpose>`` so a start can remove what a killed instance left behind.
+- :class:`InstanceLock`: the supervisor's lock on ``mpb.<instance>.lock``, held while the
+  instance lives (the kernel drops it when the process dies); :func:`sweep_stale` spares an
+  instance whose lock is held, or, without a lock file, whose pid exists.
 
 Typical use (names from :func:`segment_name`; the supervisor creates rings, each reading
 process creates its own doorbell, writers attach)::
@@ -38,6 +41,7 @@ from ._control import (
 )
 from ._doorbell import Doorbell
 from ._errors import (
+    InstanceLockedError,
     RingBrokenError,
     RingClosedError,
     SegmentExistsError,
@@ -46,7 +50,8 @@ from ._errors import (
     ShmError,
     ShmSpaceError,
 )
-from ._naming import SHM_DIR, remove_instance, segment_name, shm_path, sweep_stale
+from ._instance import InstanceLock, sweep_stale
+from ._naming import SHM_DIR, lock_path, remove_instance, segment_name, shm_path
 from ._park import park, park_async
 from ._ring import (
     MAX_CAPACITY,
@@ -75,6 +80,8 @@ __all__ = [
     "STATE_STOPPING",
     "ControlBlock",
     "Doorbell",
+    "InstanceLock",
+    "InstanceLockedError",
     "Payload",
     "Ring",
     "RingBrokenError",
@@ -89,6 +96,7 @@ __all__ = [
     "ShmSpaceError",
     "StatsBlock",
     "WorkerSlot",
+    "lock_path",
     "monotonic_ms",
     "park",
     "park_async",

@@ -9,6 +9,7 @@ from __future__ import annotations
 import errno
 
 __all__ = [
+    "InstanceLockedError",
     "RingBrokenError",
     "RingClosedError",
     "SegmentExistsError",
@@ -22,6 +23,22 @@ __all__ = [
 class ShmError(Exception):
     """Base class of every error raised by :mod:`mpbroker.shm` (caller mistakes, such as a bad
     ring capacity or record kind, are :class:`ValueError`)."""
+
+
+class InstanceLockedError(ShmError):
+    """Another process holds the lock of the broker instance we are starting."""
+
+    def __init__(self, instance: str, path: str, waited: float) -> None:
+        self.instance = instance
+        """The instance whose lock is taken."""
+        self.path = path
+        """Its lock file."""
+        self.waited = waited
+        """Seconds we waited for the lock."""
+        super().__init__(
+            f"broker instance {instance} is in use: another process has held its lock file "
+            f"{path} for {waited:g} s"
+        )
 
 
 class ShmSpaceError(ShmError):

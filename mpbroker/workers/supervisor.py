@@ -1,8 +1,9 @@
 """Supervisor: creates the shared segments, starts the workers, restarts the ones that die.
 
 `mpbroker serve` runs this in the foreground. It owns every segment of its instance
-(named after its pid) and removes them on a clean stop; a start first sweeps the segments
-of instances that died without cleaning up (kill -9). Workers are forked by a fork server
+(named after its pid), holds the instance's lock (`InstanceLock`) while they exist and removes
+them on a clean stop; a start first sweeps the segments of instances that died without cleaning
+up (kill -9: nobody holds their lock any more). Workers are forked by a fork server
 (`_launcher`) that the supervisor starts first: supervisor -> fork server -> workers.
 """
 
@@ -37,7 +38,9 @@ from mpbroker.shm import (
     STATE_READY,
     ControlBlock,
     Doorbell,
+    InstanceLock,
     Ring,
+    ShmError,
     StatsBlock,
     monotonic_ms,
     remove_instance,
@@ -92,6 +95,9 @@ class Supervisor:
         self.rings: list[Ring] = []
         self.bells: list[Doorbell] = []
         self.control: ControlBlock | None = None
+        # Held from before the first segment exists until the last is removed: while it is
+        # held, no other broker's start sweeps this instance's segments.
+        self.instance_lock: InstanceLock | None = None
         self.stats: dict[int, StatsBlock] = {}
         self.admin: AdminServer | None = None
         self.port_holder: socket.socket | None = None
@@ -112,6 +118,10 @@ class Supervisor:
     # -- set-up --------------------------------------------------------------------------
 
     def create_segments(self) -> None:
+        try:
+            self.instance_lock = InstanceLock.acquire(self.instance)
+        except (ShmError, OSError) as exc:
+            raise StartupError(f"cannot lock broker instance {self.instance}: {exc}") from None
         removed = sweep_stale()
         if removed:
             log.info("removed %d shared-memory entries of dead broker instances", len(removed))
@@ -496,8 +506,11 @@ class Supervisor:
             self.control.close()
             self.control.unlink()
         reloaded_config(self.config, self.instance).unlink(missing_ok=True)
-        # Anything of this instance left behind (e.g. by a worker) goes too.
-        remove_instance(self.instance)
+        if self.instance_lock is not None:
+            # Anything of this instance left behind (e.g. by a worker) goes too, then the
+            # lock. (Without the lock we created nothing, and the instance is not ours.)
+            remove_instance(self.instance)
+            self.instance_lock.release()
         if self.port_holder is not None:
             self.port_holder.close()
         signal.set_wakeup_fd(-1)

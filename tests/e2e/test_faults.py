@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -218,8 +219,14 @@ def test_ctrl_c_stops_every_process_cleanly(start_broker: type[BrokerProcess]) -
     off the close (it was logged as "pubsub 0 crashed" in 3 of 5 tries)."""
     for _ in range(3):  # the second signal's timing varies: a few tries
         broker = start_broker("--gateways", "1")
-        for process in broker.processes():
-            os.kill(process.pid, signal.SIGINT)
+        processes = broker.processes()
+        assert processes[0].pid == broker.pid, processes
+        for process in processes:
+            # The supervisor's own SIGINT may stop a worker before our signal reaches it: a
+            # process that has already exited is no failure. (psutil also refuses to signal
+            # a pid reused meanwhile by another process; the checks below judge the stop.)
+            with contextlib.suppress(psutil.NoSuchProcess):
+                process.send_signal(signal.SIGINT)
         assert broker.stop() == 0
         assert not [line for line in broker.lines if "crashed" in line or "Traceback" in line]
         assert broker.shm_entries() == []

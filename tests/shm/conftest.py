@@ -1,8 +1,8 @@
 """Fixtures of the shared-memory tests.
 
-Every test gets its own broker instance string, ``<pytest pid>t<n>``: it starts with a live pid
-(ours), so a concurrent sweep_stale() leaves it alone, and the suffix keeps tests apart. After
-the test, nothing of that instance may remain in /dev/shm.
+Every test gets its own broker instance string, ``<pytest pid>t<n>``: it has no lock file and
+starts with a live pid (ours), so a concurrent sweep_stale() leaves it alone, and the suffix
+keeps tests apart. After the test, nothing of that instance may remain in /dev/shm.
 """
 
 from __future__ import annotations
