@@ -11,8 +11,8 @@ Modules: :mod:`bench.cli` (options; ``add_arguments`` and ``run_from_args`` also
 ``mpbroker bench``), :mod:`bench.scenario` (what a run does), :mod:`bench.runner` (one run:
 processes, start line, clock, timeouts), :mod:`bench.control` (what the coordinator shares
 with its processes), :mod:`bench.producer` and :mod:`bench.consumer` (the processes),
-:mod:`bench.wire` (pre-encoded SEND frames, body layout, a blocking client socket),
-:mod:`bench.tally` (what arrived; pure), :mod:`bench.report` (table and JSON),
-:mod:`bench.cpu` (CPU time from /proc), :mod:`bench.servers` (starting and stopping servers)
-and :mod:`bench.baseline` (the reference server).
+:mod:`bench.wire` (pre-encoded SEND frames, body layout), :mod:`bench.tally` (what
+arrived; pure), :mod:`bench.report` (table and JSON), :mod:`bench.cpu` (CPU time from
+/proc) and :mod:`bench.baseline` (the reference server). Servers are started and spoken to
+with :mod:`mpbroker.harness`.
 """

@@ -15,10 +15,11 @@ import argparse
 import sys
 from dataclasses import dataclass, field, replace
 
+from mpbroker.harness import BrokerProcess, ServerError, ServerProcess
+
 from .report import RunResult, format_json, format_table
 from .runner import run_scenario
 from .scenario import ACK_MODES, Scenario
-from .servers import ServerError, ServerProcess
 from .wire import BODY_HEADER_BYTES
 
 __all__ = ["DESCRIPTION", "add_arguments", "main", "run_from_args", "scenario_from_args"]
@@ -257,7 +258,7 @@ def run_from_args(args: argparse.Namespace) -> int:
         if args.baseline:
             targets.append(_start(ServerProcess.baseline(args.host)))
         if args.port is None:
-            targets.append(_start(ServerProcess.broker(args.gateways)))
+            targets.append(_start(BrokerProcess(gateways=args.gateways, admin=False)))
         else:
             targets.append(_Target(f"{args.host}:{args.port}", args.host, args.port))
         for repetition in range(args.repeat):

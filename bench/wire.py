@@ -1,31 +1,17 @@
-"""The bytes the load generator puts on the wire, and a minimal blocking STOMP connection.
+"""The bytes the load generator puts on the wire.
 
-Frames are built and parsed with :mod:`mpbroker.stomp`; this module only adds what a load
-generator needs on top: a SEND frame encoded once and stamped with a sequence number many
-times, the layout of message bodies, and a socket that reads big chunks.
+Frames are built with :mod:`mpbroker.stomp` and sent with :class:`mpbroker.harness.RawClient`;
+this module adds what a load generator needs on top: a SEND frame encoded once and stamped
+with a sequence number many times, the layout of message bodies, and a write that says why
+the server refused it.
 """
 
 from __future__ import annotations
 
-import select
-import socket
-import time
+from mpbroker.harness import BrokerClosed, FrameTimeout, RawClient, StompError
+from mpbroker.stomp import Frame, ProtocolError, encode_frame
 
-from mpbroker.stomp import SERVER_COMMANDS, Frame, FrameParser, ProtocolError, encode_frame
-
-__all__ = [
-    "BODY_HEADER_BYTES",
-    "RECV_BYTES",
-    "BrokerClosed",
-    "Connection",
-    "SendTemplate",
-    "StompError",
-    "body_prefix",
-]
-
-#: Bytes of one socket read. Large reads are the lever on the receiving side: one system call
-#: and one parser call cover hundreds of frames.
-RECV_BYTES = 256 * 1024
+__all__ = ["BODY_HEADER_BYTES", "SendTemplate", "body_prefix", "make_body", "send_explained"]
 
 # Body layout: "<run token>:<producer, 5 digits>:<sequence, 10 digits>:" then padding. The
 # run token keeps messages left over from an earlier run (on a long-lived broker) out of the
@@ -38,19 +24,6 @@ BODY_HEADER_BYTES = _TOKEN_BYTES + 1 + _PRODUCER_DIGITS + 1 + _SEQ_DIGITS + 1
 _PADDING = b"."
 # After a failed write: how long to wait for the ERROR frame that explains it.
 _ERROR_GRACE_S = 0.5
-
-
-class StompError(Exception):
-    """The server sent an ERROR frame; the message is its ``message`` header (and body)."""
-
-    def __init__(self, frame: Frame) -> None:
-        message = frame.headers.get("message", "(no message header)")
-        detail = frame.body.decode("utf-8", "replace").strip()
-        super().__init__(f"{message}: {detail}" if detail else message)
-
-
-class BrokerClosed(Exception):
-    """The server closed the connection."""
 
 
 def body_prefix(token: bytes) -> bytes:
@@ -111,101 +84,21 @@ class SendTemplate:
         return encode_frame(Frame("SEND", headers, body))
 
 
-class Connection:
-    """A blocking client socket plus a parser: just enough STOMP for load generation."""
+def send_explained(conn: RawClient, data: bytes) -> None:
+    """Write ``data``; if the write fails, say why.
 
-    def __init__(self, host: str, port: int, *, timeout_s: float) -> None:
-        self.sock = socket.create_connection((host, port), timeout=timeout_s)
-        # Frames are written in big batches already; Nagle would only delay the small
-        # ones (a lone ACK, a DISCONNECT) by a delayed-ACK round trip.
-        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        self.sock.settimeout(None)
-        self.parser = FrameParser(commands=SERVER_COMMANDS)
-        self.timeout_s = timeout_s
-        # Frames read by expect() while it waited for another one; read() returns them first.
-        self.held: list[Frame] = []
-
-    def close(self) -> None:
-        self.sock.close()
-
-    def send(self, data: bytes) -> None:
+    A server that refuses a frame sends ERROR and closes; the write then fails with EPIPE or
+    ECONNRESET. The ERROR says why: raise its :class:`StompError` if it arrives within a
+    moment, else :class:`BrokerClosed`.
+    """
+    try:
+        conn.send_bytes(data)
+    except OSError as exc:
         try:
-            self.sock.sendall(data)
-        except OSError as exc:
-            # A server that refuses a frame sends ERROR and closes; the write then fails
-            # with EPIPE or ECONNRESET. The ERROR says why, so look for it before failing.
-            self._raise_pending_error()
-            raise BrokerClosed(f"the server closed the connection ({exc})") from exc
-
-    def send_frame(self, frame: Frame) -> None:
-        self.send(encode_frame(frame))
-
-    def _raise_pending_error(self) -> None:
-        try:
-            while (frames := self.read(_ERROR_GRACE_S)) is not None:
-                for frame in frames:
-                    if frame.command == "ERROR":
-                        raise StompError(frame)
-        except (OSError, BrokerClosed, ProtocolError):
-            pass
-
-    def read(self, timeout_s: float | None) -> list[Frame] | None:
-        """Frames from one read of up to :data:`RECV_BYTES`; None if none came in time.
-
-        Frames :meth:`expect` set aside come first. ``timeout_s`` 0 polls, None blocks.
-        Raises :class:`BrokerClosed` at end of stream.
-        """
-        if self.held:
-            frames, self.held = self.held, []
-            return frames
-        if timeout_s is not None:
-            ready, _, _ = select.select([self.sock], [], [], timeout_s)
-            if not ready:
-                return None
-        data = self.sock.recv(RECV_BYTES)
-        if not data:
-            raise BrokerClosed("the server closed the connection")
-        return self.parser.feed(data)
-
-    def connect(self) -> Frame:
-        """CONNECT (STOMP 1.2, no heart-beats) and wait for CONNECTED."""
-        self.send_frame(
-            Frame(
-                "CONNECT",
-                {"accept-version": "1.2", "host": "localhost", "heart-beat": "0,0"},
-            )
-        )
-        return self.expect("CONNECTED")
-
-    def expect(self, command: str, receipt: str | None = None) -> Frame:
-        """Read until a ``command`` frame (with ``receipt-id`` ``receipt``) arrives.
-
-        Raises :class:`StompError` on an ERROR frame and ``TimeoutError`` after the
-        connection's timeout. Other frames (a MESSAGE that overtook a RECEIPT) are held for
-        the next :meth:`read`.
-        """
-        deadline = time.monotonic() + self.timeout_s
-        held: list[Frame] = []
-        try:
-            while True:
-                left = deadline - time.monotonic()
-                frames = self.read(max(0.0, left))
-                if frames is None:
-                    what = f"RECEIPT {receipt!r}" if receipt else command
-                    raise TimeoutError(f"no {what} from the server within {self.timeout_s:g} s")
-                for at, frame in enumerate(frames):
-                    if frame.command == "ERROR":
-                        raise StompError(frame)
-                    if frame.command == command and (
-                        receipt is None or frame.headers.get("receipt-id") == receipt
-                    ):
-                        held += frames[at + 1 :]
-                        return frame
-                    held.append(frame)
-        finally:
-            self.held = held + self.held
-
-    def disconnect(self) -> None:
-        """DISCONNECT with a receipt, so everything sent before (ACKs) was handled."""
-        self.send_frame(Frame("DISCONNECT", {"receipt": "bye"}))
-        self.expect("RECEIPT", "bye")
+            frames = conn.recv_until_closed(_ERROR_GRACE_S)
+        except (FrameTimeout, OSError, ProtocolError):
+            frames = conn.pending
+        for frame in frames:
+            if frame.command == "ERROR":
+                raise StompError(frame) from exc
+        raise BrokerClosed(f"the server closed the connection ({exc})") from exc

@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, settings
 
-from tests.broker import BrokerProcess, RawClient, stopped_cleanly
+from mpbroker.harness import BrokerProcess, RawClient
 
 # The test machines are shared and noisy: a property test must never fail because one
 # example happened to be slow to run or to generate.
@@ -20,7 +20,7 @@ def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrokerProcess]:
 
     Teardown checks what every user relies on: exit code 0 and nothing left in /dev/shm.
     """
-    with stopped_cleanly(BrokerProcess(tmp_path_factory.mktemp("data"), "--gateways", "2")) as proc:
+    with BrokerProcess("--gateways", "2", data_dir=tmp_path_factory.mktemp("data")) as proc:
         yield proc
 
 
@@ -33,8 +33,11 @@ def start_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[type[Brok
         def __init__(
             self, *args: str, config: str | None = None, data_dir: Path | None = None
         ) -> None:
-            super().__init__(data_dir or tmp_path_factory.mktemp("data"), *args, config=config)
+            super().__init__(
+                *args, data_dir=data_dir or tmp_path_factory.mktemp("data"), config=config
+            )
             started.append(self)
+            self.start()
 
     yield _Started
     for proc in started:

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from bench.servers import ServerProcess
+from mpbroker.harness import ServerProcess
 
 # Generous bound for one bench invocation; a hang fails the test instead of hanging it.
 RUN_TIMEOUT_S = 120

@@ -6,23 +6,22 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from bench.servers import ServerProcess
-from bench.wire import Connection
+from mpbroker.harness import RawClient, ServerProcess
 from mpbroker.stomp import Frame
 
 TIMEOUT_S = 5.0
 
 
-Connect = Callable[[], Connection]
+Connect = Callable[[], RawClient]
 
 
 @pytest.fixture
 def client(baseline: ServerProcess) -> Iterator[Connect]:
     """Makes connected clients of the baseline server; closes them after the test."""
-    made: list[Connection] = []
+    made: list[RawClient] = []
 
-    def connect() -> Connection:
-        conn = Connection(baseline.host, baseline.port, timeout_s=TIMEOUT_S)
+    def connect() -> RawClient:
+        conn = RawClient(baseline.host, baseline.port, TIMEOUT_S)
         made.append(conn)
         conn.connect()
         return conn
@@ -32,30 +31,28 @@ def client(baseline: ServerProcess) -> Iterator[Connect]:
         conn.close()
 
 
-def _subscribe(conn: Connection, destination: str, ack: str = "auto", prefetch: int = 10) -> None:
-    conn.send_frame(
-        Frame(
-            "SUBSCRIBE",
-            {
-                "id": "s",
-                "destination": destination,
-                "ack": ack,
-                "activemq.prefetchSize": str(prefetch),
-                "receipt": "sub",
-            },
-        )
+def _subscribe(conn: RawClient, destination: str, ack: str = "auto", prefetch: int = 10) -> None:
+    conn.send(
+        "SUBSCRIBE",
+        {
+            "id": "s",
+            "destination": destination,
+            "ack": ack,
+            "activemq.prefetchSize": str(prefetch),
+            "receipt": "sub",
+        },
     )
     conn.expect("RECEIPT", "sub")
 
 
-def _send(conn: Connection, destination: str, *bodies: bytes) -> None:
+def _send(conn: RawClient, destination: str, *bodies: bytes) -> None:
     for body in bodies:
-        conn.send_frame(Frame("SEND", {"destination": destination}, body))
-    conn.send_frame(Frame("SEND", {"destination": destination, "receipt": "r"}, b"last"))
+        conn.send("SEND", {"destination": destination}, body)
+    conn.send("SEND", {"destination": destination, "receipt": "r"}, b"last")
     conn.expect("RECEIPT", "r")
 
 
-def _messages(conn: Connection, count: int) -> list[Frame]:
+def _messages(conn: RawClient, count: int) -> list[Frame]:
     got: list[Frame] = []
     while len(got) < count:
         frames = conn.read(TIMEOUT_S)
@@ -65,7 +62,7 @@ def _messages(conn: Connection, count: int) -> list[Frame]:
     return got
 
 
-def _nothing_more(conn: Connection) -> bool:
+def _nothing_more(conn: RawClient) -> bool:
     return conn.read(0.2) is None
 
 
@@ -89,9 +86,9 @@ def test_client_ack_window_and_cumulative_ack(client: Connect) -> None:
     assert first[0].headers["message-id"].startswith("ID-")  # the broker's shape
     assert _nothing_more(consumer)  # the window is full
     # A cumulative ACK of the second message frees both slots.
-    consumer.send_frame(Frame("ACK", {"id": first[1].headers["ack"]}))
+    consumer.send("ACK", {"id": first[1].headers["ack"]})
     assert [f.body for f in _messages(consumer, 2)] == [b"3", b"4"]
-    consumer.send_frame(Frame("ACK", {"id": "no:such"}))  # ignored, not an error
+    consumer.send("ACK", {"id": "no:such"})  # ignored, not an error
     for conn in (consumer, producer):
         conn.disconnect()
 
@@ -118,6 +115,6 @@ def test_unacknowledged_messages_return_to_the_queue(client: Connect) -> None:
     got = _messages(second, 2)
     assert [f.body for f in got] == [b"1", b"last"]
     for frame in got:
-        second.send_frame(Frame("ACK", {"id": frame.headers["ack"]}))
+        second.send("ACK", {"id": frame.headers["ack"]})
     for conn in (second, producer):
         conn.disconnect()

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from bench.servers import ServerProcess
+from mpbroker.harness import ServerProcess
 from mpbroker.shm import SHM_DIR
 
 from .conftest import gone, run_module, run_module_json

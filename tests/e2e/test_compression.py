@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import stomp
 
-from tests.broker import BrokerProcess, RawClient
+from mpbroker.harness import BrokerProcess, RawClient
 
 RawFactory = Callable[[BrokerProcess], RawClient]
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from tests.broker import BrokerProcess, RawClient
+from mpbroker.harness import BrokerProcess, RawClient
 
 pytestmark = pytest.mark.slow
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.broker import BrokerProcess, RawClient
+from mpbroker.harness import BrokerProcess, RawClient
 from tests.e2e._admin import eventually, worker_stats
 
 RawFactory = Callable[[BrokerProcess], RawClient]

@@ -9,7 +9,7 @@ from collections.abc import Callable
 
 import stomp
 
-from tests.broker import BrokerProcess, RawClient
+from mpbroker.harness import BrokerProcess, RawClient
 
 RawFactory = Callable[[BrokerProcess], RawClient]
 
