@@ -41,8 +41,9 @@ from typing import Any
 
 from mpbroker.config import Config
 from mpbroker.harness import BrokerProcess
+from mpbroker.loadgen.control import describe
+from mpbroker.loadgen.wire import BODY_HEADER_BYTES
 
-from .control import describe
 from .soak import (
     BrokerLog,
     MemorySampler,
@@ -54,7 +55,6 @@ from .soak import (
     producer_lines,
     run_and_report,
 )
-from .wire import BODY_HEADER_BYTES
 
 __all__ = ["destinations", "format_summary", "main"]
 

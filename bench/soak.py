@@ -56,10 +56,9 @@ from typing import Any
 import psutil
 
 from mpbroker.harness import BrokerProcess, FrameTimeout, RawClient, ServerError, StompError
+from mpbroker.loadgen.control import Counters, describe
+from mpbroker.loadgen.wire import BODY_HEADER_BYTES, body_prefix, make_body, send_explained
 from mpbroker.stomp import Frame, ProtocolError, encode_frame
-
-from .control import Counters, describe
-from .wire import BODY_HEADER_BYTES, body_prefix, make_body, send_explained
 
 __all__ = [
     "CONSUMER_SHARE",

@@ -35,9 +35,8 @@ from typing import Any
 import psutil
 
 from mpbroker.harness import BrokerProcess, FrameTimeout, RawClient, ServerError, StompError
+from mpbroker.loadgen.control import describe
 from mpbroker.shm import SHM_DIR
-
-from .control import describe
 
 __all__ = ["main", "measure"]
 

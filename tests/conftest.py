@@ -6,7 +6,8 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, settings
 
-from mpbroker.harness import BrokerProcess, RawClient
+from mpbroker.harness import BrokerProcess, RawClient, ServerProcess
+from tests.commands import gone
 
 # The test machines are shared and noisy: a property test must never fail because one
 # example happened to be slow to run or to generate.
@@ -57,3 +58,12 @@ def raw() -> Iterator[Callable[[BrokerProcess], RawClient]]:
     yield make
     for client in clients:
         client.close()
+
+
+@pytest.fixture
+def baseline() -> Iterator[ServerProcess]:
+    """A running baseline forwarder (``python -m mpbroker.loadgen.baseline``); the test fails
+    if SIGTERM does not stop it with status 0."""
+    with ServerProcess.baseline() as server:
+        yield server
+    assert gone(server.pid)

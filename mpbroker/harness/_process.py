@@ -55,8 +55,8 @@ def broker_command(
 
 
 def baseline_command(host: str = "127.0.0.1") -> list[str]:
-    """The baseline forwarder (:mod:`bench.baseline`) on a free port."""
-    return [sys.executable, "-m", "bench.baseline", "--host", host, "--port", "0"]
+    """The baseline forwarder (:mod:`mpbroker.loadgen.baseline`) on a free port."""
+    return [sys.executable, "-m", "mpbroker.loadgen.baseline", "--host", host, "--port", "0"]
 
 
 class ServerProcess:

@@ -10,8 +10,7 @@ from __future__ import annotations
 import pytest
 
 from bench.memsoak import consumer_groups, destinations
-
-from .conftest import run_module_json
+from tests.commands import run_module_json
 
 pytestmark = pytest.mark.slow
 

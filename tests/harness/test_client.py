@@ -1,4 +1,4 @@
-"""RawClient against a real server (the baseline forwarder: it starts in a blink)."""
+"""RawClient against a real server: the baseline forwarder, which starts in a blink."""
 
 from __future__ import annotations
 
@@ -7,12 +7,6 @@ from collections.abc import Callable, Iterator
 import pytest
 
 from mpbroker.harness import BrokerClosed, FrameTimeout, RawClient, ServerProcess, StompError
-
-
-@pytest.fixture(scope="module")
-def baseline() -> Iterator[ServerProcess]:
-    with ServerProcess.baseline() as server:
-        yield server
 
 
 @pytest.fixture

@@ -1,6 +1,6 @@
 """A consumer process: one subscription, big reads, acknowledgements in batches.
 
-Each read of up to :data:`bench.wire.RECV_BYTES` is parsed in one call and its bodies are
+Each read of up to :data:`mpbroker.harness.RECV_BYTES` is parsed in one call and its bodies are
 tallied together. In client modes the consumer acknowledges every ``ack_every`` messages --
 one cumulative ACK for ``client``, one ACK frame per message, written with one system call,
 for ``client-individual`` -- and whatever it holds when the stream pauses, so a window never

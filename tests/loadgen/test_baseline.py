@@ -1,4 +1,4 @@
-"""The baseline server's forwarding rules, driven over real sockets with the bench's client."""
+"""The baseline server's forwarding rules, driven over real sockets with the harness's RawClient."""
 
 from __future__ import annotations
 
