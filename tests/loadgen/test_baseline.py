@@ -62,10 +62,6 @@ def _messages(conn: RawClient, count: int) -> list[Frame]:
     return got
 
 
-def _nothing_more(conn: RawClient) -> bool:
-    return conn.read(0.2) is None
-
-
 def test_topic_fan_out_to_every_subscriber(client: Connect) -> None:
     a, b, producer = client(), client(), client()
     _subscribe(a, "/topic/t")
@@ -84,7 +80,7 @@ def test_client_ack_window_and_cumulative_ack(client: Connect) -> None:
     first = _messages(consumer, 2)
     assert [f.body for f in first] == [b"1", b"2"]
     assert first[0].headers["message-id"].startswith("ID-")  # the broker's shape
-    assert _nothing_more(consumer)  # the window is full
+    consumer.assert_no_frame(0.2)  # the window is full
     # A cumulative ACK of the second message frees both slots.
     consumer.send("ACK", {"id": first[1].headers["ack"]})
     assert [f.body for f in _messages(consumer, 2)] == [b"3", b"4"]
