@@ -6,6 +6,7 @@ import itertools
 import logging
 import random
 from collections.abc import Iterator
+from functools import partial
 
 import msgspec
 import pytest
@@ -32,6 +33,7 @@ from mpbroker.records import (
 )
 from mpbroker.routing import Topology
 from mpbroker.stomp import SERVER_COMMANDS, Frame, FrameParser
+from tests import factories
 
 CONN = 7
 NOW = 123_456
@@ -101,14 +103,8 @@ def subscribed(
     return record
 
 
-def make_message(
-    message_id: str = "m1",
-    destination: str = "/queue/q",
-    headers: dict[str, str] | None = None,
-    *,
-    redelivered: bool = False,
-) -> Message:
-    return Message(message_id, destination, headers or {}, b"payload", 1, redelivered=redelivered)
+#: The messages these tests deliver.
+make_message = partial(factories.make_message, body=b"payload", timestamp_ms=1)
 
 
 # -- CONNECT ---------------------------------------------------------------------------------
