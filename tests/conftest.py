@@ -46,11 +46,12 @@ def start_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[type[Brok
 
 
 @pytest.fixture
-def raw() -> Iterator[Callable[[BrokerProcess], RawClient]]:
-    """Make RawClients to a broker; every one is closed when the test ends."""
+def raw() -> Iterator[Callable[[ServerProcess], RawClient]]:
+    """Make RawClients to a broker (or another server); every one is closed when the test
+    ends."""
     clients: list[RawClient] = []
 
-    def make(proc: BrokerProcess) -> RawClient:
+    def make(proc: ServerProcess) -> RawClient:
         client = RawClient(proc.host, proc.port)
         clients.append(client)
         return client
@@ -67,3 +68,17 @@ def baseline() -> Iterator[ServerProcess]:
     with ServerProcess.baseline() as server:
         yield server
     assert gone(server.pid)
+
+
+@pytest.fixture
+def baseline_client(
+    baseline: ServerProcess, raw: Callable[[ServerProcess], RawClient]
+) -> Callable[[], RawClient]:
+    """Make RawClients connected to the baseline server; closed when the test ends."""
+
+    def connect() -> RawClient:
+        client = raw(baseline)
+        client.connect()
+        return client
+
+    return connect

@@ -2,27 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import pytest
 
-from mpbroker.harness import BrokerClosed, FrameTimeout, RawClient, ServerProcess, StompError
+from mpbroker.harness import BrokerClosed, FrameTimeout, RawClient, StompError
 
-
-@pytest.fixture
-def client(baseline: ServerProcess) -> Iterator[Callable[[], RawClient]]:
-    """Connected clients of the baseline server, closed after the test."""
-    made: list[RawClient] = []
-
-    def connect() -> RawClient:
-        conn = RawClient(baseline.host, baseline.port, timeout=5.0)
-        made.append(conn)
-        conn.connect()
-        return conn
-
-    yield connect
-    for conn in made:
-        conn.close()
+Connect = Callable[[], RawClient]
 
 
 def subscribe(conn: RawClient, destination: str) -> None:
@@ -30,14 +16,14 @@ def subscribe(conn: RawClient, destination: str) -> None:
     conn.expect("RECEIPT", "sub")
 
 
-def test_assert_no_frame_passes_on_a_quiet_connection(client: Callable[[], RawClient]) -> None:
-    client().assert_no_frame(0.2)
+def test_assert_no_frame_passes_on_a_quiet_connection(baseline_client: Connect) -> None:
+    baseline_client().assert_no_frame(0.2)
 
 
 def test_assert_no_frame_fails_with_the_frame_that_arrived(
-    client: Callable[[], RawClient],
+    baseline_client: Connect,
 ) -> None:
-    consumer, producer = client(), client()
+    consumer, producer = baseline_client(), baseline_client()
     subscribe(consumer, "/queue/quiet")
     producer.send("SEND", {"destination": "/queue/quiet"}, b"loud")
     with pytest.raises(AssertionError, match=r"expected no frame within 2 s, got .*MESSAGE"):
@@ -45,15 +31,15 @@ def test_assert_no_frame_fails_with_the_frame_that_arrived(
     assert consumer.recv().body == b"loud"  # not lost: it is still the next frame
 
 
-def test_recv_times_out_with_frame_timeout(client: Callable[[], RawClient]) -> None:
+def test_recv_times_out_with_frame_timeout(baseline_client: Connect) -> None:
     with pytest.raises(FrameTimeout, match=r"no frame within 0\.2 s"):
-        client().recv(timeout=0.2)
+        baseline_client().recv(timeout=0.2)
 
 
 def test_expect_keeps_the_frames_it_passed_for_the_next_read(
-    client: Callable[[], RawClient],
+    baseline_client: Connect,
 ) -> None:
-    conn = client()
+    conn = baseline_client()
     subscribe(conn, "/topic/self")
     conn.send("SEND", {"destination": "/topic/self"}, b"one")
     conn.send("SEND", {"destination": "/topic/self", "receipt": "r"}, b"two")
@@ -63,9 +49,9 @@ def test_expect_keeps_the_frames_it_passed_for_the_next_read(
 
 
 def test_an_error_frame_is_a_stomp_error_then_the_connection_closes(
-    client: Callable[[], RawClient],
+    baseline_client: Connect,
 ) -> None:
-    conn = client()
+    conn = baseline_client()
     conn.send("BEGIN", {"transaction": "t", "receipt": "r"})  # the baseline refuses these
     with pytest.raises(StompError) as raised:
         conn.expect("RECEIPT", "r")
@@ -76,14 +62,14 @@ def test_an_error_frame_is_a_stomp_error_then_the_connection_closes(
 
 
 def test_recv_until_closed_returns_every_frame_before_the_close(
-    client: Callable[[], RawClient],
+    baseline_client: Connect,
 ) -> None:
-    conn = client()
+    conn = baseline_client()
     conn.send("BEGIN", {"transaction": "t"})
     assert [f.command for f in conn.recv_until_closed()] == ["ERROR"]
 
 
-def test_disconnect_waits_for_its_receipt(client: Callable[[], RawClient]) -> None:
-    conn = client()
+def test_disconnect_waits_for_its_receipt(baseline_client: Connect) -> None:
+    conn = baseline_client()
     conn.disconnect()
     assert conn.pending == []

@@ -2,33 +2,15 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
-import pytest
-
-from mpbroker.harness import RawClient, ServerProcess
+from mpbroker.harness import RawClient
 from mpbroker.stomp import Frame
 
 TIMEOUT_S = 5.0
 
 
 Connect = Callable[[], RawClient]
-
-
-@pytest.fixture
-def client(baseline: ServerProcess) -> Iterator[Connect]:
-    """Makes connected clients of the baseline server; closes them after the test."""
-    made: list[RawClient] = []
-
-    def connect() -> RawClient:
-        conn = RawClient(baseline.host, baseline.port, TIMEOUT_S)
-        made.append(conn)
-        conn.connect()
-        return conn
-
-    yield connect
-    for conn in made:
-        conn.close()
 
 
 def _subscribe(conn: RawClient, destination: str, ack: str = "auto", prefetch: int = 10) -> None:
@@ -62,8 +44,8 @@ def _messages(conn: RawClient, count: int) -> list[Frame]:
     return got
 
 
-def test_topic_fan_out_to_every_subscriber(client: Connect) -> None:
-    a, b, producer = client(), client(), client()
+def test_topic_fan_out_to_every_subscriber(baseline_client: Connect) -> None:
+    a, b, producer = baseline_client(), baseline_client(), baseline_client()
     _subscribe(a, "/topic/t")
     _subscribe(b, "/topic/t")
     _send(producer, "/topic/t", b"1", b"2")
@@ -73,8 +55,8 @@ def test_topic_fan_out_to_every_subscriber(client: Connect) -> None:
         conn.disconnect()
 
 
-def test_client_ack_window_and_cumulative_ack(client: Connect) -> None:
-    consumer, producer = client(), client()
+def test_client_ack_window_and_cumulative_ack(baseline_client: Connect) -> None:
+    consumer, producer = baseline_client(), baseline_client()
     _subscribe(consumer, "/queue/q", ack="client", prefetch=2)
     _send(producer, "/queue/q", b"1", b"2", b"3", b"4")
     first = _messages(consumer, 2)
@@ -89,8 +71,8 @@ def test_client_ack_window_and_cumulative_ack(client: Connect) -> None:
         conn.disconnect()
 
 
-def test_queue_round_robin(client: Connect) -> None:
-    a, b, producer = client(), client(), client()
+def test_queue_round_robin(baseline_client: Connect) -> None:
+    a, b, producer = baseline_client(), baseline_client(), baseline_client()
     _subscribe(a, "/queue/rr")
     _subscribe(b, "/queue/rr")
     _send(producer, "/queue/rr", b"1", b"2", b"3")
@@ -100,13 +82,13 @@ def test_queue_round_robin(client: Connect) -> None:
         conn.disconnect()
 
 
-def test_unacknowledged_messages_return_to_the_queue(client: Connect) -> None:
-    first, producer = client(), client()
+def test_unacknowledged_messages_return_to_the_queue(baseline_client: Connect) -> None:
+    first, producer = baseline_client(), baseline_client()
     _subscribe(first, "/queue/r", ack="client-individual", prefetch=5)
     _send(producer, "/queue/r", b"1")
     assert [f.body for f in _messages(first, 2)] == [b"1", b"last"]
     first.close()  # without acknowledging
-    second = client()
+    second = baseline_client()
     _subscribe(second, "/queue/r", ack="client-individual", prefetch=5)
     got = _messages(second, 2)
     assert [f.body for f in got] == [b"1", b"last"]
