@@ -1,18 +1,10 @@
-"""A multi-process, pipelined STOMP load generator for mpbroker.
+"""Studies of mpbroker, run from a checkout's root; not installed.
 
-``python -m bench`` (or ``mpbroker bench``) starts producer and consumer processes that write
-and read many frames per system call, checks that every message arrived exactly once (in
-order, for topics), and prints msgs/s sent, received and total. ``--baseline`` first runs the
-same scenario against :mod:`bench.baseline`, a single-process STOMP forwarder on the same
-codec, and quotes the broker's numbers as ratios of it: this 2-core machine is shared and
-noisy, so absolute numbers mean little across invocations.
-
-Modules: :mod:`bench.cli` (options; ``add_arguments`` and ``run_from_args`` also serve
-``mpbroker bench``), :mod:`bench.scenario` (what a run does), :mod:`bench.runner` (one run:
-processes, start line, clock, timeouts), :mod:`bench.control` (what the coordinator shares
-with its processes), :mod:`bench.producer` and :mod:`bench.consumer` (the processes),
-:mod:`bench.wire` (pre-encoded SEND frames, body layout, a blocking client socket),
-:mod:`bench.tally` (what arrived; pure), :mod:`bench.report` (table and JSON),
-:mod:`bench.cpu` (CPU time from /proc), :mod:`bench.servers` (starting and stopping servers)
-and :mod:`bench.baseline` (the reference server).
+Each is ``python -m bench.NAME [--help]``: ``soak`` (slow consumers), ``memsoak`` (memory
+under a flood), ``fixedcost`` (an idle broker's memory), ``unitcost`` (memory per connection,
+subscription and waiting message), ``exportrate`` (export and ingest speed), ``replay``
+(durable replay speed), ``ring``, ``store``, ``codec`` and ``compression`` (micro-benchmarks).
+They start brokers and speak to them with :mod:`mpbroker.harness` and reuse the load
+generator's pieces from :mod:`mpbroker.loadgen`; the load generator itself is
+``mpbroker bench``.
 """

@@ -1,7 +1,7 @@
 """The broker's fixed memory cost: what its processes hold with no traffic at all.
 
 ``python -m bench.fixedcost [--json]`` starts a broker with the default process set on free
-loopback ports with a temporary data directory (:class:`bench.servers.ServerProcess`), waits
+loopback ports with a temporary data directory (:class:`mpbroker.harness.BrokerProcess`), waits
 until a STOMP client can connect, lets it settle, then samples every broker process (the
 supervisor and all its descendants, by pid) a few times with psutil's ``memory_full_info``:
 PSS (shared pages split between the processes that map them: the sum over processes is the
@@ -21,18 +21,15 @@ import json
 import os
 import statistics
 import sys
-import tempfile
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
 import psutil
 
+from mpbroker.harness import BrokerProcess, FrameTimeout, RawClient, ServerError, StompError
+from mpbroker.loadgen.control import describe
 from mpbroker.shm import SHM_DIR
-
-from .control import describe
-from .servers import ServerError, ServerProcess, broker_command
-from .wire import Connection
 
 __all__ = ["Measurement", "format_table", "main", "measure"]
 
@@ -127,23 +124,15 @@ class Measurement:
         }
 
 
-def _broker_processes(pid: int) -> list[psutil.Process]:
-    root = psutil.Process(pid)
-    return [root, *root.children(recursive=True)]
-
-
-def _shm(instance: int) -> tuple[int, int, int]:
-    """Size, resident bytes and number of the instance's /dev/shm entries."""
+def _shm(server: BrokerProcess) -> tuple[int, int, int]:
+    """Size, resident bytes and number of the broker's /dev/shm entries."""
     size = resident = count = 0
-    prefixes = (f"mpb.{instance}.", f"sem.mpb.{instance}.")
-    with contextlib.suppress(OSError):
-        for entry in os.scandir(SHM_DIR):
-            if entry.name.startswith(prefixes):
-                with contextlib.suppress(OSError):
-                    st = entry.stat()
-                    size += st.st_size
-                    resident += st.st_blocks * 512
-                    count += 1
+    for name in server.shm_entries():
+        with contextlib.suppress(OSError):
+            st = os.stat(os.path.join(SHM_DIR, name))
+            size += st.st_size
+            resident += st.st_blocks * 512
+            count += 1
     return size, resident, count
 
 
@@ -151,14 +140,14 @@ def _wait_connectable(host: str, port: int) -> None:
     deadline = time.monotonic() + _CONNECT_TIMEOUT_S
     while True:
         try:
-            conn = Connection(host, port, timeout_s=_CONNECT_TIMEOUT_S)
+            conn = RawClient(host, port, _CONNECT_TIMEOUT_S)
             try:
                 conn.connect()
                 conn.disconnect()
             finally:
                 conn.close()
             return
-        except (OSError, TimeoutError):
+        except (OSError, FrameTimeout, StompError):
             if time.monotonic() > deadline:
                 raise
             time.sleep(0.1)
@@ -168,12 +157,9 @@ def measure(
     *, samples: int = 3, settle_s: float = 2.0, interval_s: float = 0.5, gateways: int | None = None
 ) -> Measurement:
     """Start a default broker, measure it idle, stop it; see the module's docstring."""
-    temp_dir = tempfile.mkdtemp(prefix="mpbroker-fixedcost-")
-    command = broker_command(temp_dir, gateways)
     # The default broker serves the admin API (a thread of the supervisor): keep it, on a
     # free port, so it is part of what is measured.
-    command[command.index("--admin-port") + 1] = "0"
-    server = ServerProcess("mpbroker", command, temp_dir=temp_dir)
+    server = BrokerProcess(gateways=gateways, admin=True)
     procs: dict[int, _Proc] = {}
     seen: list[psutil.Process] = []
     totals: list[int] = []
@@ -188,7 +174,7 @@ def measure(
             if n:
                 time.sleep(interval_s)
             total = 0
-            for process in _broker_processes(server.pid):
+            for process in server.processes():
                 try:
                     full = process.memory_full_info()
                 except psutil.Error:
@@ -202,10 +188,10 @@ def measure(
                 entry.rss.append(int(full.rss))
                 total += int(full.pss)
             totals.append(total)
-        shm = _shm(server.pid)
+        shm = _shm(server)
     finally:
         with contextlib.suppress(psutil.Error):
-            for process in _broker_processes(server.pid) if server.process else []:
+            for process in server.processes() if server.process else []:
                 if process.pid not in procs:
                     seen.append(process)
                     procs[process.pid] = _Proc(process.pid, _title(process))
@@ -217,7 +203,7 @@ def measure(
         with contextlib.suppress(psutil.Error):
             if process.status() == psutil.STATUS_ZOMBIE:
                 left.remove(f"pid {process.pid} ({procs[process.pid].title})")
-    left_shm = _shm(server.pid)[2]
+    left_shm = _shm(server)[2]
     if left_shm:
         left.append(f"{left_shm} entries mpb.{server.pid}.* in {SHM_DIR}")
     rows = [p.row() for p in procs.values() if p.pss]
@@ -275,7 +261,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--samples must be at least 1 and --settle not negative")
     try:
         result = measure(samples=args.samples, settle_s=args.settle, gateways=args.gateways)
-    except (ServerError, OSError, TimeoutError) as exc:
+    except (ServerError, OSError, FrameTimeout, StompError) as exc:
         _say(f"aborted: {describe(exc)}")
         return 1
     summary = result.summary()

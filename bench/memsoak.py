@@ -40,9 +40,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from mpbroker.config import Config
+from mpbroker.harness import BrokerProcess
+from mpbroker.loadgen.control import describe
+from mpbroker.loadgen.wire import BODY_HEADER_BYTES
 
-from .control import describe
-from .servers import ServerProcess
 from .soak import (
     BrokerLog,
     MemorySampler,
@@ -54,7 +55,6 @@ from .soak import (
     producer_lines,
     run_and_report,
 )
-from .wire import BODY_HEADER_BYTES
 
 __all__ = ["destinations", "format_summary", "main"]
 
@@ -63,7 +63,6 @@ FIRST_MINUTE_S = 60.0
 
 _POLL_S = 1.0
 _POLL_TIMEOUT_S = 2.0
-_ADMIN = re.compile(r"admin API on (http://\S+)")
 _PAGING_START = "paging non-persistent messages to the temp store"
 _PAGING_STOP = "paging stopped:"
 _MEMORY_LEVEL = re.compile(r"memory level (\d+): ")
@@ -85,11 +84,10 @@ def consumer_groups(n_destinations: int, consumers: int) -> tuple[tuple[int, ...
 
 
 class _MemSoakLog(BrokerLog):
-    """The soak's log counts, plus the admin API's address, paging and memory levels."""
+    """The soak's log counts, plus paging and memory levels."""
 
     def __init__(self) -> None:
         super().__init__()
-        self.admin_url: str | None = None
         self.paging_starts = 0
         self.paging_stops = 0
         self.memory_warnings = 0
@@ -97,9 +95,7 @@ class _MemSoakLog(BrokerLog):
         self.back_to_level_0 = 0
 
     def feed_more(self, line: str, now: float) -> bool:
-        if match := _ADMIN.search(line):
-            self.admin_url = match.group(1)
-        elif _PAGING_START in line:
+        if _PAGING_START in line:
             self.paging_starts += 1
         elif _PAGING_STOP in line:
             self.paging_stops += 1
@@ -228,19 +224,18 @@ class _MemSoakRun(SoakRun):
         self.max_memory = defaults.memory.max_memory
         self.throttle_level = defaults.memory.throttle_level
         self.poller: _StatusPoller | None = None
+        self.admin_url: str | None = None
 
-    def start_broker(self) -> ServerProcess:
-        server = ServerProcess.broker()  # the default configuration, a temporary data dir
-        at = server.command.index("--admin-port")
-        server.command[at + 1] = "0"  # a free port; the broker logs which before "ready"
-        server.on_line = self.log.feed
-        server.start()
-        if self.log_.admin_url is None:
+    def start_broker(self) -> BrokerProcess:
+        # The default configuration, a temporary data dir, the admin API on a free port.
+        server = BrokerProcess(on_line=self.log.feed).start()
+        self.admin_url = server.admin_url
+        if self.admin_url is None:
             self.say("the broker did not log its admin API address: no MemWatch figures")
         return server
 
-    def on_started(self, server: ServerProcess, started: float) -> None:
-        self.poller = _StatusPoller(self.log_.admin_url, self)
+    def on_started(self, server: BrokerProcess, started: float) -> None:
+        self.poller = _StatusPoller(self.admin_url, self)
         self.poller.start()
 
     def close(self) -> None:

@@ -15,17 +15,14 @@ from __future__ import annotations
 import argparse
 import time
 
-import psutil
-
-from bench.servers import ServerProcess
-from bench.wire import Connection
+from mpbroker.harness import BrokerProcess, RawClient
 from mpbroker.stomp import Frame, encode_frame
 
 _ACK_EVERY = 500
 _RECEIPT_EVERY = 1000
 
 
-def _publish(conn: Connection, destination: str, count: int, size: int) -> None:
+def _publish(conn: RawClient, destination: str, count: int, size: int) -> None:
     body = b"x" * size
     sent = 0
     while sent < count:
@@ -43,12 +40,12 @@ def _publish(conn: Connection, destination: str, count: int, size: int) -> None:
                 )
             )
         )
-        conn.send(b"".join(frames))
+        conn.send_bytes(b"".join(frames))
         conn.expect("RECEIPT", f"r{sent}")
         sent += batch
 
 
-def _drain(conn: Connection, count: int) -> float:
+def _drain(conn: RawClient, count: int) -> float:
     """Seconds to receive `count` MESSAGE frames, acknowledging cumulatively."""
     received = 0
     started = time.perf_counter()
@@ -61,33 +58,37 @@ def _drain(conn: Connection, count: int) -> float:
                 continue
             received += 1
             if received % _ACK_EVERY == 0 or received == count:
-                conn.send_frame(Frame("ACK", {"id": frame.headers["ack"]}))
+                conn.send("ACK", {"id": frame.headers["ack"]})
     return time.perf_counter() - started
 
 
-def _subscribe(conn: Connection, destination: str, **headers: str) -> None:
-    conn.send_frame(
-        Frame(
-            "SUBSCRIBE",
-            {
-                "destination": destination,
-                "id": "s",
-                "ack": "client",
-                "activemq.prefetchSize": "1000",
-                "receipt": "sub",
-                **headers,
-            },
-        )
+def _subscribe(conn: RawClient, destination: str, **headers: str) -> None:
+    conn.send(
+        "SUBSCRIBE",
+        {
+            "destination": destination,
+            "id": "s",
+            "ack": "client",
+            "activemq.prefetchSize": "1000",
+            "receipt": "sub",
+            **headers,
+        },
     )
     conn.expect("RECEIPT", "sub")
 
 
-def _pubsub_uss_mib(server: ServerProcess) -> float:
+def _pubsub_uss_mib(server: BrokerProcess) -> float:
     """Unique memory of the broker's pubsub worker, in MiB."""
-    for child in psutil.Process(server.pid).children(recursive=True):
-        if "pubsub" in " ".join(child.cmdline()):
-            return float(child.memory_full_info().uss) / 2**20
-    raise RuntimeError("no pubsub worker found")
+    pubsub = server.workers().get("pubsub 0")
+    if pubsub is None:
+        raise RuntimeError("no pubsub worker found")
+    return float(pubsub.memory_full_info().uss) / 2**20
+
+
+def _connect(server: BrokerProcess, timeout_s: float) -> RawClient:
+    conn = RawClient(server.host, server.port, timeout_s, send_timeout=None)
+    conn.connect()
+    return conn
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -96,31 +97,26 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--size", type=int, default=100)
     parser.add_argument("--gateways", type=int, default=1)
     args = parser.parse_args(argv)
-    with ServerProcess.broker(args.gateways) as server:
-        subscriber = Connection(server.host, server.port, timeout_s=60)
-        subscriber.connect()
+    with BrokerProcess(gateways=args.gateways, admin=False) as server:
+        subscriber = _connect(server, 60)
         _subscribe(subscriber, "/topic/replay", durable="true")
-        subscriber.send_frame(Frame("DISCONNECT", {"receipt": "bye"}))
-        subscriber.expect("RECEIPT", "bye")
+        subscriber.disconnect()
         subscriber.close()
 
         idle_mib = _pubsub_uss_mib(server)
-        producer = Connection(server.host, server.port, timeout_s=120)
-        producer.connect()
+        producer = _connect(server, 120)
         started = time.perf_counter()
         _publish(producer, "/topic/replay", args.count, args.size)
         waiting_mib = _pubsub_uss_mib(server)
         _publish(producer, "/queue/replay-baseline", args.count, args.size)
         published = time.perf_counter() - started
 
-        back = Connection(server.host, server.port, timeout_s=60)
-        back.connect()
+        back = _connect(server, 60)
         _subscribe(back, "/topic/replay", durable="true")
         replay_s = _drain(back, args.count)
         back.close()
 
-        queue = Connection(server.host, server.port, timeout_s=60)
-        queue.connect()
+        queue = _connect(server, 60)
         _subscribe(queue, "/queue/replay-baseline")
         queue_s = _drain(queue, args.count)
         queue.close()

@@ -55,11 +55,10 @@ from typing import Any
 
 import psutil
 
+from mpbroker.harness import BrokerProcess, FrameTimeout, RawClient, ServerError, StompError
+from mpbroker.loadgen.control import Counters, describe
+from mpbroker.loadgen.wire import BODY_HEADER_BYTES, body_prefix, make_body, send_explained
 from mpbroker.stomp import Frame, ProtocolError, encode_frame
-
-from .control import Counters, describe
-from .servers import ServerError, ServerProcess
-from .wire import BODY_HEADER_BYTES, BrokerClosed, Connection, StompError, body_prefix, make_body
 
 __all__ = [
     "CONSUMER_SHARE",
@@ -327,7 +326,7 @@ class _Producer:
 
     def run(self) -> None:
         shared = self.shared
-        conn = Connection(self.host, self.port, timeout_s=STARTUP_TIMEOUT_S)
+        conn = self._connection(STARTUP_TIMEOUT_S)
         conn.connect()
         shared.results.put(_Ready("producer", self.index))
         if not shared.start.wait(2 * STARTUP_TIMEOUT_S):
@@ -339,29 +338,32 @@ class _Producer:
             if shared.stop_producers.is_set():
                 return
             try:
-                conn = Connection(self.host, self.port, timeout_s=self.options.stall_s)
+                conn = self._connection(self.options.stall_s)
                 conn.connect()
                 failed_connects = 0
-            except (OSError, BrokerClosed, StompError, ProtocolError) as exc:
+            except (OSError, StompError, FrameTimeout, ProtocolError) as exc:
                 failed_connects += 1
                 self.problems.append(f"reconnect failed: {describe(exc)}")
                 if failed_connects >= 5:
                     raise
                 time.sleep(0.5)
 
-    def _session(self, conn: Connection) -> None:
+    def _connection(self, timeout_s: float) -> RawClient:
+        # The send timeout bounds a sendall the broker never reads.
+        return RawClient(self.host, self.port, timeout_s, send_timeout=self.options.stall_s)
+
+    def _session(self, conn: RawClient) -> None:
         """Send and settle answers until the connection ends, or until the producers stop
         and every SEND of this connection is answered."""
         stop = self.shared.stop_producers
         stall_s = self.options.stall_s
-        conn.sock.settimeout(stall_s)  # bounds a sendall the broker never reads
         first_seq = self.seq
         last_answer = time.monotonic()
         try:
             while True:
                 stopping = stop.is_set()
                 if stopping and not self.outstanding:
-                    with contextlib.suppress(OSError, BrokerClosed, StompError, TimeoutError):
+                    with contextlib.suppress(OSError, StompError, FrameTimeout):
                         conn.disconnect()
                     return
                 free = WINDOW - len(self.outstanding)
@@ -375,7 +377,7 @@ class _Producer:
                         return
                 try:
                     frames = conn.read(_TICK_S * 5)
-                except (OSError, BrokerClosed, ProtocolError) as exc:
+                except (OSError, ProtocolError) as exc:
                     self._settle_after_close(conn, first_seq, describe(exc))
                     return
                 now = time.monotonic()
@@ -396,7 +398,7 @@ class _Producer:
         finally:
             conn.close()
 
-    def _send(self, conn: Connection, n: int) -> None:
+    def _send(self, conn: RawClient, n: int) -> None:
         seq = self.seq
         headers = self.headers
         token = self.token
@@ -419,7 +421,7 @@ class _Producer:
         self.status.extend(bytes(n))
         self.seq = seq + n
         self.shared.sent[index] = self.seq
-        conn.sock.sendall(data)
+        conn.send_bytes(data)
 
     def _take(self, frames: list[Frame], now: float) -> int | None:
         """Note RECEIPTs and ERRORs; the sequence number of a refused SEND, if one was."""
@@ -457,7 +459,7 @@ class _Producer:
         return refused_at
 
     def _settle_after_close(
-        self, conn: Connection, first_seq: int, why: str, refused_at: int | None = None
+        self, conn: RawClient, first_seq: int, why: str, refused_at: int | None = None
     ) -> None:
         """The connection is ending: read what is left (RECEIPTs of SENDs before a refused
         one, the ERROR that explains a failed write), then settle what is still open."""
@@ -465,7 +467,7 @@ class _Producer:
         while self.outstanding and time.monotonic() < deadline:
             try:
                 frames = conn.read(max(0.0, deadline - time.monotonic()))
-            except (OSError, BrokerClosed, ProtocolError):
+            except (OSError, ProtocolError):
                 break
             if frames is None:
                 break
@@ -533,21 +535,19 @@ class _Consumer:
 
     def run(self) -> None:
         shared = self.shared
-        conn = Connection(self.host, self.port, timeout_s=STARTUP_TIMEOUT_S)
+        conn = RawClient(self.host, self.port, STARTUP_TIMEOUT_S, send_timeout=None)
         try:
             conn.connect()
             for sub_id, destination in self.subscriptions.items():
-                conn.send_frame(
-                    Frame(
-                        "SUBSCRIBE",
-                        {
-                            "id": sub_id,
-                            "destination": self.options.destinations[destination],
-                            "ack": "client-individual",
-                            "activemq.prefetchSize": str(PREFETCH),
-                            "receipt": f"subscribed-{sub_id}",
-                        },
-                    )
+                conn.send(
+                    "SUBSCRIBE",
+                    {
+                        "id": sub_id,
+                        "destination": self.options.destinations[destination],
+                        "ack": "client-individual",
+                        "activemq.prefetchSize": str(PREFETCH),
+                        "receipt": f"subscribed-{sub_id}",
+                    },
                 )
                 conn.expect("RECEIPT", f"subscribed-{sub_id}")
             shared.results.put(_Ready("consumer", self.index))
@@ -557,7 +557,7 @@ class _Consumer:
         finally:
             conn.close()
 
-    def _consume(self, conn: Connection) -> None:
+    def _consume(self, conn: RawClient) -> None:
         stop = self.shared.stop_consumer
         rate_slot = self.shared.rate
         me = self.index
@@ -621,12 +621,11 @@ class _Consumer:
                 raise StompError(frame)
         self.shared.received[self.index] = self.received
 
-    def _ack(self, conn: Connection, n: int) -> None:
+    def _ack(self, conn: RawClient, n: int) -> None:
         pending = self.pending
         if n:
-            conn.send(
-                b"".join(encode_frame(Frame("ACK", {"id": pending.popleft()})) for _ in range(n))
-            )
+            acks = (encode_frame(Frame("ACK", {"id": pending.popleft()})) for _ in range(n))
+            send_explained(conn, b"".join(acks))
 
 
 # -- reconciliation ---------------------------------------------------------------------------
@@ -925,17 +924,15 @@ class SoakRun:
 
     # -- hooks ----------------------------------------------------------------------------
 
-    def start_broker(self) -> ServerProcess:
+    def start_broker(self) -> BrokerProcess:
         """A started broker whose stderr lines go to ``self.log.feed``."""
         options = self.options
         config = soak_config(
             send_timeout_ms=options.send_timeout_ms, destination=options.destinations[0]
         )
-        server = ServerProcess.broker(config=config)
-        server.on_line = self.log.feed
-        return server.start()
+        return BrokerProcess(config=config, admin=False, on_line=self.log.feed).start()
 
-    def on_started(self, server: ServerProcess, started: float) -> None:
+    def on_started(self, server: BrokerProcess, started: float) -> None:
         """The producers were just told to start (at ``started``)."""
 
     def progress_line(self, elapsed: float, sampler: MemorySampler) -> str:
@@ -1136,7 +1133,7 @@ class SoakRun:
             summary["ok"] = False
         return summary
 
-    def _run(self, server: ServerProcess, sampler: MemorySampler) -> Phases:
+    def _run(self, server: BrokerProcess, sampler: MemorySampler) -> Phases:
         options = self.options
         shared = self.shared
         args = (options, server.host, server.port, self.token, shared)

@@ -2,7 +2,7 @@
 
 ``python -m bench.unitcost [--connections 1000] [--subscriptions 2000] [--messages 20000]
 [--size 100] [--json]`` starts a broker (one gateway, the default pipelines) on free loopback
-ports with a temporary data directory (:class:`bench.servers.ServerProcess`), warms it up
+ports with a temporary data directory (:class:`mpbroker.harness.BrokerProcess`), warms it up
 (a few connections, subscriptions and messages, all gone again), then measures three steps,
 each from the summed PSS of every broker process (the supervisor and all its descendants)
 just before it, so what one step allocated is never reused by the next:
@@ -27,7 +27,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import os
 import statistics
 import sys
 import time
@@ -35,12 +34,9 @@ from typing import Any
 
 import psutil
 
+from mpbroker.harness import BrokerProcess, FrameTimeout, RawClient, ServerError, StompError
+from mpbroker.loadgen.control import describe
 from mpbroker.shm import SHM_DIR
-from mpbroker.stomp import Frame
-
-from .control import describe
-from .servers import ServerError, ServerProcess
-from .wire import Connection
 
 __all__ = ["main", "measure"]
 
@@ -54,12 +50,7 @@ def _say(text: str) -> None:
     print(f"unitcost: {text}", file=sys.stderr, flush=True)
 
 
-def _processes(pid: int) -> list[psutil.Process]:
-    root = psutil.Process(pid)
-    return [root, *root.children(recursive=True)]
-
-
-def _pss(pid: int) -> int:
+def _pss(server: BrokerProcess) -> int:
     """The summed PSS of the broker's processes: the median of a few samples after a pause."""
     time.sleep(_SETTLE_S)
     samples = []
@@ -67,42 +58,42 @@ def _pss(pid: int) -> int:
         if n:
             time.sleep(0.3)
         total = 0
-        for process in _processes(pid):
+        for process in server.processes():
             with contextlib.suppress(psutil.Error):
                 total += int(process.memory_full_info().pss)
         samples.append(total)
     return int(statistics.median(samples))
 
 
-def _connect(server: ServerProcess) -> Connection:
-    conn = Connection(server.host, server.port, timeout_s=_TIMEOUT_S)
+def _connect(server: BrokerProcess) -> RawClient:
+    conn = RawClient(server.host, server.port, _TIMEOUT_S, send_timeout=None)
     conn.connect()
     return conn
 
 
-def _subscribe(conn: Connection, destinations: list[str], first_id: int) -> None:
+def _subscribe(conn: RawClient, destinations: list[str], first_id: int) -> None:
     """SUBSCRIBE to each destination; the last one with a receipt, awaited."""
     for i, destination in enumerate(destinations):
         headers = {"destination": destination, "id": str(first_id + i), "ack": "client-individual"}
         if i == len(destinations) - 1:
             headers["receipt"] = f"sub-{first_id + i}"
-        conn.send_frame(Frame("SUBSCRIBE", headers))
+        conn.send("SUBSCRIBE", headers)
     if destinations:
         conn.expect("RECEIPT", f"sub-{first_id + len(destinations) - 1}")
 
 
-def _send(conn: Connection, destination: str, count: int, size: int, tag: str) -> None:
+def _send(conn: RawClient, destination: str, count: int, size: int, tag: str) -> None:
     """`count` non-persistent SENDs; the last with a receipt, awaited."""
     body = b"x" * size
     for i in range(count):
         headers = {"destination": destination, "persistent": "false"}
         if i == count - 1:
             headers["receipt"] = tag
-        conn.send_frame(Frame("SEND", headers, body))
+        conn.send("SEND", headers, body)
     conn.expect("RECEIPT", tag)
 
 
-def _warm_up(server: ServerProcess) -> None:
+def _warm_up(server: BrokerProcess) -> None:
     """Every code path the steps use once, so imports and caches are not counted."""
     conns = [_connect(server) for _ in range(_WARMUP)]
     _subscribe(conns[0], [f"/queue/warm-{i}" for i in range(_WARMUP)], 0)
@@ -115,8 +106,8 @@ def _warm_up(server: ServerProcess) -> None:
 
 def measure(connections: int, subscriptions: int, messages: int, size: int) -> dict[str, Any]:
     """Start a broker, measure the three steps, stop it; see the module's docstring."""
-    server = ServerProcess.broker(gateways=1)
-    open_conns: list[Connection] = []
+    server = BrokerProcess(gateways=1, admin=False)
+    open_conns: list[RawClient] = []
     result: dict[str, Any] = {
         "connections": connections,
         "subscriptions": subscriptions,
@@ -127,13 +118,13 @@ def measure(connections: int, subscriptions: int, messages: int, size: int) -> d
     try:
         server.start()
         _say(f"broker (pid {server.pid}) ready on {server.host}:{server.port}")
-        seen = _processes(server.pid)
+        seen = server.processes()
         _warm_up(server)
 
-        before = _pss(server.pid)
+        before = _pss(server)
         result["idle_pss"] = before
         open_conns = [_connect(server) for _ in range(connections)]
-        after = _pss(server.pid)
+        after = _pss(server)
         result["per_connection"] = (after - before) // connections
         _say(f"{connections} connections: +{after - before} bytes")
 
@@ -143,7 +134,7 @@ def measure(connections: int, subscriptions: int, messages: int, size: int) -> d
         half = subscriptions // 2
         _subscribe(holder, [f"/queue/unitcost-{i}" for i in range(half)], 0)
         _subscribe(holder, [f"/topic/unitcost-{i}" for i in range(subscriptions - half)], half)
-        after = _pss(server.pid)
+        after = _pss(server)
         # The connection that holds them is one more connection: not a subscription's cost.
         grew = after - before - result["per_connection"]
         result["per_subscription"] = grew // subscriptions
@@ -153,7 +144,7 @@ def measure(connections: int, subscriptions: int, messages: int, size: int) -> d
         producer = _connect(server)
         open_conns.append(producer)
         _send(producer, "/queue/unitcost-waiting", messages, size, "sent")
-        after = _pss(server.pid)
+        after = _pss(server)
         grew = after - before - result["per_connection"]
         result["per_message"] = grew // messages - size
         _say(f"{messages} messages of {size} bytes: +{after - before} bytes")
@@ -162,12 +153,11 @@ def measure(connections: int, subscriptions: int, messages: int, size: int) -> d
             conn.close()
         with contextlib.suppress(psutil.Error):
             if server.process is not None:
-                seen += [p for p in _processes(server.pid) if p not in seen]
+                seen += [p for p in server.processes() if p not in seen]
         status = server.stop()
     _gone, alive = psutil.wait_procs(seen, timeout=5)
     left = [f"pid {p.pid}" for p in alive if p.status() != psutil.STATUS_ZOMBIE]
-    prefixes = (f"mpb.{server.pid}.", f"sem.mpb.{server.pid}.")
-    left += [f"{SHM_DIR}/{n}" for n in os.listdir(SHM_DIR) if n.startswith(prefixes)]
+    left += [f"{SHM_DIR}/{n}" for n in server.shm_entries()]
     result["left_behind"] = left
     result["stop_status"] = status
     result["ok"] = not left and status == 0
@@ -204,7 +194,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("every count and --size must be at least 1")
     try:
         result = measure(args.connections, args.subscriptions, args.messages, args.size)
-    except (ServerError, OSError, TimeoutError) as exc:
+    except (ServerError, OSError, FrameTimeout, StompError) as exc:
         _say(f"aborted: {describe(exc)}")
         return 1
     print(json.dumps(result) if args.json else format_result(result), flush=True)

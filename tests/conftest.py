@@ -6,7 +6,8 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, settings
 
-from tests.broker import BrokerProcess, RawClient, stopped_cleanly
+from mpbroker.harness import BrokerProcess, RawClient, ServerProcess
+from tests.commands import gone
 
 # The test machines are shared and noisy: a property test must never fail because one
 # example happened to be slow to run or to generate.
@@ -20,7 +21,7 @@ def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrokerProcess]:
 
     Teardown checks what every user relies on: exit code 0 and nothing left in /dev/shm.
     """
-    with stopped_cleanly(BrokerProcess(tmp_path_factory.mktemp("data"), "--gateways", "2")) as proc:
+    with BrokerProcess("--gateways", "2", data_dir=tmp_path_factory.mktemp("data")) as proc:
         yield proc
 
 
@@ -33,8 +34,11 @@ def start_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[type[Brok
         def __init__(
             self, *args: str, config: str | None = None, data_dir: Path | None = None
         ) -> None:
-            super().__init__(data_dir or tmp_path_factory.mktemp("data"), *args, config=config)
+            super().__init__(
+                *args, data_dir=data_dir or tmp_path_factory.mktemp("data"), config=config
+            )
             started.append(self)
+            self.start()
 
     yield _Started
     for proc in started:
@@ -42,11 +46,12 @@ def start_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[type[Brok
 
 
 @pytest.fixture
-def raw() -> Iterator[Callable[[BrokerProcess], RawClient]]:
-    """Make RawClients to a broker; every one is closed when the test ends."""
+def raw() -> Iterator[Callable[[ServerProcess], RawClient]]:
+    """Make RawClients to a broker (or another server); every one is closed when the test
+    ends."""
     clients: list[RawClient] = []
 
-    def make(proc: BrokerProcess) -> RawClient:
+    def make(proc: ServerProcess) -> RawClient:
         client = RawClient(proc.host, proc.port)
         clients.append(client)
         return client
@@ -54,3 +59,26 @@ def raw() -> Iterator[Callable[[BrokerProcess], RawClient]]:
     yield make
     for client in clients:
         client.close()
+
+
+@pytest.fixture
+def baseline() -> Iterator[ServerProcess]:
+    """A running baseline forwarder (``python -m mpbroker.loadgen.baseline``); the test fails
+    if SIGTERM does not stop it with status 0."""
+    with ServerProcess.baseline() as server:
+        yield server
+    assert gone(server.pid)
+
+
+@pytest.fixture
+def baseline_client(
+    baseline: ServerProcess, raw: Callable[[ServerProcess], RawClient]
+) -> Callable[[], RawClient]:
+    """Make RawClients connected to the baseline server; closed when the test ends."""
+
+    def connect() -> RawClient:
+        client = raw(baseline)
+        client.connect()
+        return client
+
+    return connect

@@ -11,8 +11,7 @@ import os
 import pytest
 
 from mpbroker.shm import SHM_DIR
-
-from .conftest import gone, run_module_json
+from tests.commands import gone, run_module_json
 
 pytestmark = pytest.mark.slow
 

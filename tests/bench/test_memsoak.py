@@ -10,8 +10,7 @@ from __future__ import annotations
 import pytest
 
 from bench.memsoak import consumer_groups, destinations
-
-from .conftest import run_module_json
+from tests.commands import run_module_json
 
 pytestmark = pytest.mark.slow
 
@@ -69,7 +68,6 @@ def test_a_short_memory_soak_reconciles_queues_and_topics() -> None:
     assert summary["max_memory_mib"] == 256
     assert summary["peak_mib"] > summary["idle_mib"] > 0
     assert summary["peak_parts_mib"]
-    assert summary["within_max_memory"] == (not summary["above_max_memory"])
     assert summary["memwatch"]["published"]
     assert summary["memwatch"]["max_level"] is not None
     assert summary["status_polls"] > 0
@@ -78,4 +76,6 @@ def test_a_short_memory_soak_reconciles_queues_and_topics() -> None:
     throughput = summary["throughput"]
     assert throughput["first_minute_rate"] > 0
     assert {"paging_or_throttled_rate", "ratio"} <= set(throughput)
-    assert summary["flow_stops"] >= 0
+    # How often flow control stops the producers depends on the machine's speed (none is
+    # fine); a release only ever follows a stop.
+    assert summary["flow_starts"] <= summary["flow_stops"]

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from .conftest import run_module_json
+from tests.commands import run_module_json
 
 pytestmark = pytest.mark.slow
 

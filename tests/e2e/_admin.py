@@ -8,7 +8,7 @@ import urllib.request
 from collections.abc import Callable
 from typing import Any
 
-from tests.broker import BrokerProcess
+from mpbroker.harness import BrokerProcess
 
 
 def get(broker: BrokerProcess, path: str) -> dict[str, Any]:

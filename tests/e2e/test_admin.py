@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from tests.broker import BrokerProcess, RawClient
+from mpbroker.harness import BrokerProcess, RawClient
 from tests.e2e._admin import eventually, get
 
 RawFactory = Callable[[BrokerProcess], RawClient]

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.broker import BrokerProcess, RawClient
+from mpbroker.harness import BrokerProcess, RawClient
 
 RawFactory = Callable[[BrokerProcess], RawClient]
 
@@ -27,12 +27,9 @@ connect_timeout_ms = 1500
 
 @pytest.fixture(scope="module")
 def limited(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrokerProcess]:
-    proc = BrokerProcess(tmp_path_factory.mktemp("data"), "--gateways", "2", config=LIMITS)
-    try:
+    data_dir = tmp_path_factory.mktemp("data")
+    with BrokerProcess("--gateways", "2", data_dir=data_dir, config=LIMITS) as proc:
         yield proc
-    finally:
-        assert proc.stop() == 0
-        assert proc.shm_entries() == []
 
 
 def error_of(client: RawClient) -> str:

@@ -8,8 +8,8 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
+from mpbroker.harness import BrokerProcess, RawClient
 from mpbroker.stomp import SERVER_COMMANDS, FrameLimits, FrameParser
-from tests.broker import BrokerProcess, RawClient, stopped_cleanly
 
 MiB = 1 << 20
 RING_BYTES = 64 * 1024
@@ -24,8 +24,8 @@ max_frame_bytes = {4 * MiB}
 
 @pytest.fixture(scope="module")
 def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrokerProcess]:
-    proc = BrokerProcess(tmp_path_factory.mktemp("data"), "--gateways", "2", config=CONFIG)
-    with stopped_cleanly(proc):
+    data_dir = tmp_path_factory.mktemp("data")
+    with BrokerProcess("--gateways", "2", data_dir=data_dir, config=CONFIG) as proc:
         yield proc
 
 

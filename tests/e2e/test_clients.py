@@ -10,7 +10,7 @@ import stomp
 import trio
 
 from mpbroker.client import ConnectionClosed, StompError, connect, open_connection
-from tests.broker import BrokerProcess
+from mpbroker.harness import BrokerProcess
 
 
 def test_sync_client_round_trip_with_receipts(broker: BrokerProcess) -> None:

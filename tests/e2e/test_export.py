@@ -16,7 +16,7 @@ import pytest
 
 from mpbroker.cli import main
 from mpbroker.export import Options, export
-from tests.broker import BrokerProcess, RawClient
+from mpbroker.harness import BrokerProcess, RawClient
 
 RawFactory = Callable[[BrokerProcess], RawClient]
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from tests.broker import BrokerProcess, RawClient
+from mpbroker.harness import BrokerProcess, RawClient
 
 RawFactory = Callable[[BrokerProcess], RawClient]
 
@@ -204,7 +204,7 @@ def test_sigterm_tells_clients_and_leaves_shm_clean(
     client = raw(broker)
     client.connect()
     assert broker.shm_entries(), "the broker should have segments while running"
-    broker.proc.send_signal(signal.SIGTERM)
+    broker.process.send_signal(signal.SIGTERM)
     frames = client.recv_until_closed()
     assert [f.command for f in frames] == ["ERROR"]
     assert frames[0].headers["message"] == "broker is shutting down"
@@ -279,7 +279,7 @@ def test_workers_die_with_a_killed_supervisor(start_broker: type[BrokerProcess])
     assert len(others) == 5, others  # fork server, gateway, p2p, pubsub, replay
     assert broker.forkserver() in others
     os.kill(broker.pid, signal.SIGKILL)
-    broker.proc.wait(10)
+    broker.process.wait(10)
     assert _gone(others, timeout=5) == []
     # What they left is swept by the next start (covered above); clean it here.
     from mpbroker.shm import remove_instance

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from mpbroker.harness import BrokerProcess, RawClient, broker_command
 from mpbroker.memory import WizardInputs, derive
-from tests.broker import BrokerProcess, RawClient, serve_command
 
 pytestmark = pytest.mark.slow
 
@@ -22,7 +22,7 @@ def test_a_config_over_max_memory_is_refused_naming_the_modules(tmp_path: Path) 
     config.write_text("[stomp]\nmax_frame_bytes = 16777216\n[rings]\ncapacity_bytes = 33554432\n")
     data = tmp_path / "data"
     proc = subprocess.Popen(
-        serve_command(data, "--gateways", "2", config_path=config),
+        broker_command(data, "--gateways", "2", config_path=config),
         stdin=subprocess.DEVNULL,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,

@@ -12,7 +12,7 @@ from collections import Counter
 import psutil
 import pytest
 
-from tests.broker import BrokerProcess, RawClient
+from mpbroker.harness import BrokerProcess, RawClient
 
 pytestmark = pytest.mark.slow
 

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from tests.broker import BrokerProcess
+from mpbroker.harness import BrokerProcess
 
 pytestmark = pytest.mark.slow
 

@@ -6,8 +6,8 @@ from collections.abc import Callable
 
 import pytest
 
+from mpbroker.harness import BrokerProcess, RawClient
 from mpbroker.routing import Topology
-from tests.broker import BrokerProcess, RawClient
 
 RawFactory = Callable[[BrokerProcess], RawClient]
 

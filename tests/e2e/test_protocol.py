@@ -7,7 +7,7 @@ from collections.abc import Callable
 
 import pytest
 
-from tests.broker import BrokerProcess, RawClient
+from mpbroker.harness import BrokerProcess, RawClient
 
 RawFactory = Callable[[BrokerProcess], RawClient]
 

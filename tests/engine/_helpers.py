@@ -2,23 +2,16 @@
 
 from __future__ import annotations
 
+from functools import partial
 from typing import TypeVar
 
-from mpbroker.records import Deliver, Message, Record, Send, message_size
+from mpbroker.records import Deliver, Message, Record, Send
+from tests import factories
 
 T = TypeVar("T")
 
-
-def make_message(
-    message_id: str,
-    destination: str = "/queue/q",
-    body: bytes = b"body",
-    headers: dict[str, str] | None = None,
-) -> Message:
-    message = Message(message_id, destination, dict(headers or {}), body, 1_000)
-    # As the owning pipeline sets it on arrival, so delivered copies compare equal.
-    message.size = message_size(message)
-    return message
+#: Messages sized as the owning pipeline sizes them on arrival, so delivered copies compare equal.
+make_message = partial(factories.make_message, sized=True)
 
 
 def send(
@@ -28,7 +21,7 @@ def send(
     body: bytes = b"body",
     receipt: str = "",
 ) -> Send:
-    return Send(conn, make_message(message_id, destination, body), receipt)
+    return Send(conn, make_message(message_id, destination, body=body), receipt)
 
 
 Delivery = tuple[int, int, int, str]  # (gateway, conn, sub, message id)

@@ -6,17 +6,13 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from mpbroker.engine._pending import Pending
-from mpbroker.records import Message
-
-
-def message(n: int, priority: int) -> Message:
-    return Message(f"m{n}", "/queue/q", {}, b"", 0, priority=priority)
+from tests.factories import numbered_message
 
 
 @given(st.lists(st.integers(min_value=0, max_value=9), max_size=60))
 def test_pops_in_priority_then_arrival_order(priorities: list[int]) -> None:
     pending = Pending()
-    messages = [message(n, p) for n, p in enumerate(priorities)]
+    messages = [numbered_message(n, priority=p) for n, p in enumerate(priorities)]
     for m in messages:
         pending.append(m)
     assert len(pending) == len(messages)
@@ -31,7 +27,7 @@ def test_returned_messages_go_back_to_the_head_in_order(
     priorities: list[int], data: st.DataObject
 ) -> None:
     pending = Pending()
-    messages = [message(n, p) for n, p in enumerate(priorities)]
+    messages = [numbered_message(n, priority=p) for n, p in enumerate(priorities)]
     for m in messages:
         pending.append(m)
     taken = [pending.popleft() for _ in range(data.draw(st.integers(1, len(messages))))]
@@ -43,7 +39,7 @@ def test_returned_messages_go_back_to_the_head_in_order(
 def test_remove_where_takes_out_only_the_named() -> None:
     pending = Pending()
     for n, p in enumerate([4, 9, 4, 0]):
-        pending.append(message(n, p))
+        pending.append(numbered_message(n, priority=p))
     removed = pending.remove_where({"m0", "m3"})
     assert sorted(m.message_id for m in removed) == ["m0", "m3"]
     assert [m.message_id for m in pending] == ["m1", "m2"]

@@ -465,7 +465,9 @@ def test_while_paging_a_message_left_in_backlogs_is_written_once_and_read_back_b
     engine.handle(9, send(2, "a1", "/topic/a", body=b"second"))  # waits in both backlogs
     assert pager.writes == 1 and engine.paged_messages == 1
     assert engine.paged_bytes == 2 * len(b"second")  # per waiting entry, as live_bytes
-    assert engine.live_bytes == 2 * (message_size(make_message("a1", "/topic/a", b"second")) - 6)
+    assert engine.live_bytes == 2 * (
+        message_size(make_message("a1", "/topic/a", body=b"second")) - 6
+    )
     engine.outbox.take()
     engine.handle(9, Ack(1, 1, "a0"))
     engine.handle(9, Ack(1, 2, "a0"))

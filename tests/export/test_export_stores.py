@@ -18,21 +18,23 @@ from mpbroker.config import StoreSettings
 from mpbroker.export import MANIFEST_NAME, ExportError, Options, Progress, export
 from mpbroker.records import Message
 from mpbroker.stores import MessageStore, TopicStore
+from tests.factories import make_message
 
 # Small segments, so a few dozen messages make several sealed ones; archive on, so retired
 # segments stay readable.
 SETTINGS = StoreSettings(segment_max_bytes=8192, segment_max_age_s=0, archive=True)
 
 
-def message(i: int, destination: str, **kw: object) -> Message:
-    return Message(
-        message_id=f"{destination}-{i}",
-        destination=destination,
+def message(i: int, destination: str, expires_ms: int = 0) -> Message:
+    """Message i of a destination, as these tests write them."""
+    return make_message(
+        f"{destination}-{i}",
+        destination,
         headers={"n": str(i), "content-type": "text/plain"},
         body=b"x" * 200,
         timestamp_ms=1_000_000 + i,
         persistent=True,
-        **kw,  # type: ignore[arg-type]
+        expires_ms=expires_ms,
     )
 
 

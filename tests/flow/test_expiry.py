@@ -2,26 +2,31 @@
 
 from __future__ import annotations
 
+from functools import partial
+
 import pytest
 
 from mpbroker.config import config_from_mapping, parse_log_fields
 from mpbroker.flow import ExpiryPolicy, expired_log_line, expiry_policies
-from mpbroker.records import Message
+from tests.factories import make_message
 
-
-def message(**headers: str) -> Message:
-    return Message("ID-1-0.0-7", "/queue/cars", dict(headers), b"", 1000, priority=7)
+#: The message of these tests; its headers are given.
+message = partial(make_message, "ID-1-0.0-7", "/queue/cars", body=b"", priority=7)
 
 
 def test_the_log_line_has_weblogics_shape_with_the_chosen_fields() -> None:
-    line = expired_log_line(message(Make="Honda", Model="Civic"), ("%header%", "%properties%"))
+    line = expired_log_line(
+        message(headers={"Make": "Honda", "Model": "Civic"}), ("%header%", "%properties%")
+    )
     assert line.startswith("<ExpiredJMSMessage JMSMessageID='ID-1-0.0-7' > <HeaderFields ")
     assert "JMSPriority='7'" in line and "JMSRedelivered='false'" in line
     assert line.endswith("<UserProperties Make='Honda' Model='Civic' /> </ExpiredJMSMessage>")
 
 
 def test_named_fields_only_and_values_cut_at_32_characters() -> None:
-    line = expired_log_line(message(Make="x" * 40, Color="red"), ("JMSPriority", "Make"))
+    line = expired_log_line(
+        message(headers={"Make": "x" * 40, "Color": "red"}), ("JMSPriority", "Make")
+    )
     assert line == (
         "<ExpiredJMSMessage JMSMessageID='ID-1-0.0-7' > <HeaderFields JMSPriority='7' /> "
         f"<UserProperties Make='{'x' * 32}' /> </ExpiredJMSMessage>"

@@ -29,6 +29,7 @@ from mpbroker.records import (
 )
 from mpbroker.routing import Topology
 from mpbroker.stores import MessageStore
+from tests.factories import make_message
 
 T = TypeVar("T")
 TOPOLOGY = Topology(p2p=1, pubsub=1)
@@ -62,7 +63,7 @@ def of_type(out: dict[int, list[Record]], kind: type[T], gateway: int = 0) -> li
 
 
 def message(n: int, *, persistent: bool = False) -> Message:
-    return Message(f"m{n}", "/queue/q", {}, b"body", 0, persistent=persistent)
+    return make_message(f"m{n}", persistent=persistent)
 
 
 def subscribe(sub: int = 1, conn: int = 1) -> Subscribe:

@@ -12,8 +12,9 @@ from mpbroker.config import Config, config_from_mapping
 from mpbroker.engine import Outbox, QueueEngine
 from mpbroker.pipeline import VolatilePaging, open_temp_store
 from mpbroker.pipeline._paging import queue_paging_mark
-from mpbroker.records import ACK_AUTO, Message, Send, Subscribe
+from mpbroker.records import ACK_AUTO, Send, Subscribe
 from mpbroker.stores import TempStore
+from tests.factories import make_message
 
 BODY = b"x" * 1000
 
@@ -41,7 +42,7 @@ def paged(tmp_path: Path) -> Iterator[tuple[QueueEngine, VolatilePaging, TempSto
 
 def send(engine: QueueEngine, count: int, start: int = 0) -> None:
     for n in range(start, start + count):
-        engine.handle(0, Send(1, Message(f"m{n}", "/queue/q", {}, BODY, 0)))
+        engine.handle(0, Send(1, make_message(f"m{n}", body=BODY)))
 
 
 def test_paging_starts_at_the_high_mark_and_stops_at_the_low_one(

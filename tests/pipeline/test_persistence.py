@@ -12,10 +12,11 @@ from mpbroker.engine import Outbox, QueueEngine
 from mpbroker.pipeline import QueuePersistence, index_cache
 from mpbroker.records import Message, Receipt, Refuse, Send
 from mpbroker.stores import MessageStore, StoreError
+from tests.factories import make_message
 
 
 def persistent_send(n: int) -> Send:
-    message = Message(f"m{n}", "/queue/q", {}, b"body", 1, persistent=True)
+    message = make_message(f"m{n}", timestamp_ms=1, persistent=True)
     return Send(conn=1, message=message, receipt=f"r{n}")
 
 

@@ -19,7 +19,6 @@ from mpbroker.records import (
     ConnClosed,
     Deliver,
     FlowState,
-    Message,
     Receipt,
     Record,
     ReplayBatch,
@@ -29,6 +28,7 @@ from mpbroker.records import (
     Subscribe,
 )
 from mpbroker.stores import TopicStore
+from tests.factories import make_message
 
 T = TypeVar("T")
 TOPIC = "/topic/t"
@@ -61,7 +61,7 @@ def of_type(out: dict[int, list[Record]], kind: type[T]) -> list[T]:
 
 
 def publish(n: int, *, persistent: bool = True, receipt: str = "") -> Send:
-    return Send(1, Message(f"m{n}", TOPIC, {}, b"body", 0, persistent=persistent), receipt)
+    return Send(1, make_message(f"m{n}", TOPIC, persistent=persistent), receipt)
 
 
 def durable(sub: int = 1, conn: int = 2) -> Subscribe:

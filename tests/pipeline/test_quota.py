@@ -7,7 +7,8 @@ from mpbroker.config import config_from_mapping
 from mpbroker.engine import Outbox
 from mpbroker.flow import QuotaBook
 from mpbroker.pipeline import QuotaWaitingRoom, StopChange
-from mpbroker.records import Message, Refuse, Send
+from mpbroker.records import Refuse, Send
+from tests.factories import make_message
 
 CONFIG = config_from_mapping(
     {
@@ -19,7 +20,7 @@ CONFIG = config_from_mapping(
 
 
 def send(n: int, destination: str = "/queue/q", body: bytes = b"x") -> Send:
-    return Send(1, Message(f"m{n}", destination, {}, body, 0), f"r{n}")
+    return Send(1, make_message(f"m{n}", destination, body=body), f"r{n}")
 
 
 def room() -> tuple[QuotaWaitingRoom, QuotaBook, Outbox]:

@@ -7,6 +7,7 @@ import logging
 import random
 import weakref
 from collections.abc import Iterator
+from functools import partial
 
 import msgspec
 import pytest
@@ -39,6 +40,7 @@ from mpbroker.session import (
     TransactionBudget,
 )
 from mpbroker.stomp import SERVER_COMMANDS, Frame, FrameParser
+from tests import factories
 
 CONN = 7
 NOW = 123_456
@@ -125,14 +127,8 @@ def subscribed(
     return record
 
 
-def make_message(
-    message_id: str = "m1",
-    destination: str = "/queue/q",
-    headers: dict[str, str] | None = None,
-    *,
-    redelivered: bool = False,
-) -> Message:
-    return Message(message_id, destination, headers or {}, b"payload", 1, redelivered=redelivered)
+#: The messages these tests deliver.
+make_message = partial(factories.make_message, body=b"payload", timestamp_ms=1)
 
 
 # -- CONNECT ---------------------------------------------------------------------------------

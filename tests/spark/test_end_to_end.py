@@ -20,8 +20,8 @@ from pyspark.sql import SparkSession
 
 from mpbroker.cli import main as mpbroker_main
 from mpbroker.export import Options, export
+from mpbroker.harness import BrokerProcess, RawClient
 from spark.ingest import ingest
-from tests.broker import BrokerProcess, RawClient
 from tests.e2e.test_export import consume_and_ack, register_durable, send_all
 from tests.spark.conftest import PY4J_SOCKETS
 

@@ -8,15 +8,16 @@ from pathlib import Path
 from mpbroker.config import StoreSettings
 from mpbroker.records import Message
 from mpbroker.stores import MessageStore
+from tests.factories import make_message
 
 BATCH = 7
 
 
 def batch_messages(batch: int) -> list[Message]:
     return [
-        Message(
-            message_id=f"b{batch}-{i}",
-            destination="/queue/crash",
+        make_message(
+            f"b{batch}-{i}",
+            "/queue/crash",
             headers={"batch": str(batch), "i": str(i)},
             body=os.urandom(150),
             timestamp_ms=batch,

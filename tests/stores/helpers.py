@@ -1,26 +1,11 @@
 from __future__ import annotations
 
-from mpbroker.records import Message
+from functools import partial
 
+from tests.factories import numbered_message
 
-def msg(
-    i: int,
-    *,
-    priority: int = 4,
-    expires_ms: int = 0,
-    body: bytes | None = None,
-    headers: dict[str, str] | None = None,
-) -> Message:
-    return Message(
-        message_id=f"m{i}",
-        destination="/queue/a",
-        headers={"n": str(i)} if headers is None else headers,
-        body=f"body {i}".encode() if body is None else body,
-        timestamp_ms=1_000 + i,
-        persistent=True,
-        priority=priority,
-        expires_ms=expires_ms,
-    )
+#: Message i of the store tests' queue.
+msg = partial(numbered_message, destination="/queue/a")
 
 
 class Clock:

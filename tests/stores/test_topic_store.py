@@ -6,6 +6,7 @@ from __future__ import annotations
 import sqlite3
 import threading
 from collections.abc import Iterator
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -27,23 +28,15 @@ from mpbroker.stores import (
 )
 from mpbroker.stores._segment import apply_migrations
 from mpbroker.stores._topic import _PRIORITIES_AFTER, _SELECT_PENDING
+from tests.factories import numbered_message
 
 # Tiny segments so a few messages roll them; synchronous=normal: no fsync per test commit.
 TINY = StoreSettings(segment_max_bytes=4096, segment_max_age_s=0, synchronous="normal")
 BIG = 10**9
 
 
-def tmsg(i: int, *, expires_ms: int = 0, body: bytes | None = None, priority: int = 4) -> Message:
-    return Message(
-        message_id=f"t{i}",
-        destination="/topic/t",
-        headers={"n": str(i)},
-        body=f"body {i}".encode() if body is None else body,
-        timestamp_ms=1_000 + i,
-        persistent=True,
-        priority=priority,
-        expires_ms=expires_ms,
-    )
+#: Message i of the store tests' topic.
+tmsg = partial(numbered_message, prefix="t", destination="/topic/t")
 
 
 ZERO = [0] * 10  # per-priority cursors before anything

@@ -1,4 +1,4 @@
-"""The bench command end to end: real processes, a real broker or the baseline server.
+"""`mpbroker bench` end to end: real processes, a real broker or the baseline server.
 
 Small counts keep these fast; they check that every message arrived and that every process
 the bench started is gone afterwards (for the broker: its shared-memory segments too). No
@@ -13,18 +13,17 @@ from typing import Any
 
 import pytest
 
-from bench.servers import ServerProcess
+from mpbroker.harness import ServerProcess
 from mpbroker.shm import SHM_DIR
-
-from .conftest import gone, run_module, run_module_json
+from tests.commands import gone, run_module, run_module_json
 
 
 def _bench(*argv: str) -> tuple[int, str, str]:
-    return run_module("bench", *argv)
+    return run_module("mpbroker", "bench", *argv)
 
 
 def _bench_json(*argv: str) -> tuple[int, dict[str, Any], str]:
-    return run_module_json("bench", "--json", *argv)
+    return run_module_json("mpbroker", "bench", "--json", *argv)
 
 
 def _segments_of(pid: int) -> list[str]:

@@ -1,5 +1,5 @@
-"""Fixtures of the bench tests: a baseline server in a child process, stopped afterwards;
-running a bench module to its end."""
+"""Running ``python -m MODULE ...`` to its end from tests, as a person would (the load
+generator, the bench studies), and asking whether a process is gone afterwards."""
 
 from __future__ import annotations
 
@@ -8,12 +8,9 @@ import os
 import signal
 import subprocess
 import sys
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
-
-from bench.servers import ServerProcess
 
 # Generous bound for one bench invocation; a hang fails the test instead of hanging it.
 RUN_TIMEOUT_S = 120
@@ -55,15 +52,3 @@ def gone(pid: int) -> bool:
     except ProcessLookupError:
         return True
     return False
-
-
-@pytest.fixture
-def baseline() -> Iterator[ServerProcess]:
-    """A running ``python -m bench.baseline``; the test fails if SIGTERM does not stop it
-    with status 0."""
-    server = ServerProcess.baseline().start()
-    try:
-        yield server
-    finally:
-        server.stop_checked()
-    assert gone(server.pid)

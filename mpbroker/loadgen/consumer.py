@@ -1,6 +1,6 @@
 """A consumer process: one subscription, big reads, acknowledgements in batches.
 
-Each read of up to :data:`bench.wire.RECV_BYTES` is parsed in one call and its bodies are
+Each read of up to :data:`mpbroker.harness.RECV_BYTES` is parsed in one call and its bodies are
 tallied together. In client modes the consumer acknowledges every ``ack_every`` messages --
 one cumulative ACK for ``client``, one ACK frame per message, written with one system call,
 for ``client-individual`` -- and whatever it holds when the stream pauses, so a window never
@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import time
 
+from mpbroker.harness import RawClient, StompError
 from mpbroker.stomp import Frame, encode_frame
 
 from .control import ConsumerResult, Control, Ready, describe
 from .scenario import Scenario
 from .tally import Tally
-from .wire import Connection, StompError, body_prefix
+from .wire import body_prefix, send_explained
 
 __all__ = ["consumer_main"]
 
@@ -58,7 +59,7 @@ class _Consumer:
         self.tally = Tally(body_prefix(token), scenario.producers, scenario.count)
         self.last_receive = 0.0
         self.reads = 0
-        self.conn = Connection(host, port, timeout_s=scenario.stall_timeout_s)
+        self.conn = RawClient(host, port, scenario.stall_timeout_s, send_timeout=None)
         # Client modes: ack ids of messages read but not acknowledged yet. For "client" only
         # the newest matters (the ACK is cumulative); the count decides when to send it.
         self.unacked: list[str] = []
@@ -70,17 +71,15 @@ class _Consumer:
         conn = self.conn
         try:
             conn.connect()
-            conn.send_frame(
-                Frame(
-                    "SUBSCRIBE",
-                    {
-                        "id": _SUBSCRIPTION_ID,
-                        "destination": scenario.destination,
-                        "ack": scenario.ack,
-                        "activemq.prefetchSize": str(scenario.prefetch),
-                        "receipt": "subscribed",
-                    },
-                )
+            conn.send(
+                "SUBSCRIBE",
+                {
+                    "id": _SUBSCRIPTION_ID,
+                    "destination": scenario.destination,
+                    "ack": scenario.ack,
+                    "activemq.prefetchSize": str(scenario.prefetch),
+                    "receipt": "subscribed",
+                },
             )
             conn.expect("RECEIPT", "subscribed")
             control.results.put(Ready("consumer", self.index))
@@ -147,6 +146,7 @@ class _Consumer:
     def _flush_acks(self) -> None:
         if not self.unacked:
             return
-        self.conn.send(b"".join(encode_frame(Frame("ACK", {"id": i})) for i in self.unacked))
+        acks = b"".join(encode_frame(Frame("ACK", {"id": i})) for i in self.unacked)
+        send_explained(self.conn, acks)
         self.unacked = []
         self.unacked_count = 0

@@ -1,4 +1,4 @@
-"""Option parsing and validation of the bench command line (no processes started)."""
+"""Option parsing and validation of `mpbroker bench` (no processes started)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import argparse
 
 import pytest
 
-from bench.cli import add_arguments, run_from_args, scenario_from_args
+from mpbroker.loadgen.cli import add_arguments, run_from_args, scenario_from_args
 
 
 def _parse(*argv: str) -> argparse.Namespace:

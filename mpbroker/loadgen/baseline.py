@@ -15,7 +15,7 @@ Transactions are refused. MESSAGE frames have the broker's shape (the same heade
 message and ack ids without characters that STOMP 1.2 escapes), so clients do the same work
 for both.
 
-    python -m bench.baseline --port 0     # logs "bench.baseline ready on 127.0.0.1:PORT"
+    python -m mpbroker.loadgen.baseline --port 0   # logs "baseline ready on 127.0.0.1:PORT"
 """
 
 from __future__ import annotations
@@ -389,14 +389,16 @@ def _stop(signum: int, frame: FrameType | None) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.baseline", description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog="python -m mpbroker.loadgen.baseline", description=__doc__
+    )
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=0)
     args = parser.parse_args(argv)
     server = BaselineServer(args.host, args.port)
     # SIGTERM ends the loop by raising SystemExit in the main thread; `finally` closes up.
     signal.signal(signal.SIGTERM, _stop)
-    print(f"bench.baseline ready on {server.host}:{server.port}", file=sys.stderr, flush=True)
+    print(f"baseline ready on {server.host}:{server.port}", file=sys.stderr, flush=True)
     try:
         server.serve_forever()
     except KeyboardInterrupt:

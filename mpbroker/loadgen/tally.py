@@ -16,7 +16,7 @@ from .wire import BODY_HEADER_BYTES
 
 __all__ = ["CheckResult", "Tally", "check"]
 
-# Offsets in a body (see bench.wire): token and ':' (9 bytes), producer (5), ':', sequence (10).
+# Offsets in a body (see mpbroker.loadgen.wire): token and ':' (9 bytes), producer (5), ':', sequence (10).
 _PRODUCER_AT = 9
 _SEQ_AT = 15
 _SEQ_END = BODY_HEADER_BYTES - 1

@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import time
 
+from mpbroker.harness import RawClient, StompError
+
 from .control import STARTUP_TIMEOUT_S, Control, ProducerResult, Ready, describe
 from .scenario import Scenario
-from .wire import Connection, SendTemplate, StompError
+from .wire import SendTemplate, send_explained
 
 __all__ = ["BATCH_BYTES", "producer_main"]
 
@@ -53,7 +55,7 @@ class _Producer:
         self.index = index
         self.scenario = scenario
         self.control = control
-        self.conn = Connection(host, port, timeout_s=scenario.stall_timeout_s)
+        self.conn = RawClient(host, port, scenario.stall_timeout_s, send_timeout=None)
         self.template = SendTemplate(
             scenario.destination,
             persistent=scenario.persistent,
@@ -93,7 +95,7 @@ class _Producer:
                     self.outstanding += 1
                 else:
                     data = self.template.frames(seq, stop)
-                conn.send(data)
+                send_explained(conn, data)
                 seq = stop
                 sent[self.index] = seq
                 if self.outstanding:

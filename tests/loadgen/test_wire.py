@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from bench.wire import BODY_HEADER_BYTES, SendTemplate, body_prefix, make_body
+from mpbroker.loadgen.wire import BODY_HEADER_BYTES, SendTemplate, body_prefix, make_body
 from mpbroker.stomp import CLIENT_COMMANDS, Frame, FrameParser, encode_frame
 
 TOKEN = b"12345678"

@@ -1,9 +1,9 @@
-"""Options of ``python -m bench`` and ``mpbroker bench``, and the run they describe.
+"""Options of ``mpbroker bench``, and the run they describe.
 
 Example: 1 producer -> 1 consumer, 200000 100-byte queue messages, first against the
 baseline server, then against a broker the bench starts and stops itself::
 
-    python -m bench --count 200000 --baseline
+    mpbroker bench --count 200000 --baseline
 
 Exit status: 0 when every run delivered every message exactly once with no ERROR frame,
 1 otherwise, 2 for invalid options.
@@ -15,26 +15,20 @@ import argparse
 import sys
 from dataclasses import dataclass, field, replace
 
+from mpbroker.harness import BrokerProcess, ServerError, ServerProcess
+
 from .report import RunResult, format_json, format_table
 from .runner import run_scenario
 from .scenario import ACK_MODES, Scenario
-from .servers import ServerError, ServerProcess
 from .wire import BODY_HEADER_BYTES
 
-__all__ = ["DESCRIPTION", "add_arguments", "main", "run_from_args", "scenario_from_args"]
+__all__ = ["add_arguments", "run_from_args", "scenario_from_args"]
 
 _DEFAULTS = Scenario()
 
-#: What the command does, for --help (``mpbroker bench`` has its own description).
-DESCRIPTION = (
-    "Load-test a STOMP server with producer and consumer processes that pipeline frames;"
-    " report msgs/s sent, received and total, and check that every message arrived exactly"
-    " once. Exit status 0 when every run checked out, 1 when not, 2 for invalid options."
-)
-
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """Add the bench options to ``parser`` (``mpbroker bench`` shares them)."""
+    """Add the options of ``mpbroker bench`` to ``parser``."""
     server = parser.add_argument_group("server")
     server.add_argument("--host", default="127.0.0.1", help="server address (default %(default)s)")
     server.add_argument(
@@ -50,7 +44,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--baseline",
         action="store_true",
         help="first run the same scenario against the single-process baseline server"
-        " (bench.baseline) and report the ratios",
+        " (python -m mpbroker.loadgen.baseline) and report the ratios",
     )
 
     load = parser.add_argument_group("load")
@@ -257,7 +251,7 @@ def run_from_args(args: argparse.Namespace) -> int:
         if args.baseline:
             targets.append(_start(ServerProcess.baseline(args.host)))
         if args.port is None:
-            targets.append(_start(ServerProcess.broker(args.gateways)))
+            targets.append(_start(BrokerProcess(gateways=args.gateways, admin=False)))
         else:
             targets.append(_Target(f"{args.host}:{args.port}", args.host, args.port))
         for repetition in range(args.repeat):
@@ -287,13 +281,3 @@ def run_from_args(args: argparse.Namespace) -> int:
     if runs:
         print(format_json(runs) if args.json else format_table(runs), flush=True)
     return 0 if runs and not failure and all(run.ok for run in runs) else 1
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m bench",
-        description=DESCRIPTION,
-        epilog="Example: python -m bench --count 200000 --baseline",
-    )
-    add_arguments(parser)
-    return run_from_args(parser.parse_args(argv))

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from bench.tally import Tally, check
-from bench.wire import body_prefix, make_body
+from mpbroker.loadgen.tally import Tally, check
+from mpbroker.loadgen.wire import body_prefix, make_body
 
 TOKEN = b"0badcafe"
 
