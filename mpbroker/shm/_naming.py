@@ -4,7 +4,7 @@ Every segment and FIFO of one broker instance is named ``mpb.<instance>.<purpose
 ``instance`` starts with the supervisor's pid in decimal. posix_ipc names carry a leading slash
 (``/mpb.<instance>.<purpose>``); the files live in /dev/shm, where posix semaphores appear as
 ``sem.mpb.<instance>.<purpose>``. ``kill -9`` of a broker leaves those files behind, so a starting
-supervisor calls :func:`sweep_stale` (DESIGN.md, "Shared memory").
+supervisor calls :func:`sweep_stale` (docs/architecture.md, "Segments").
 """
 
 from __future__ import annotations
