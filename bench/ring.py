@@ -6,7 +6,7 @@
 Writer process -> reader process, 100-byte payloads, with 1 record per publish (try_put) and
 with 64 records per publish (stage x64, publish); the reader takes one record per read_batch
 or whatever is there (up to 1024), and parks on its doorbell when the ring is empty.
-DESIGN.md quotes ~650k/s and ~930k/s for a pure-Python ring on this kind of machine.
+docs/architecture.md, "Rings", quotes ~650k/s and ~930k/s for a pure-Python ring on this kind of machine.
 
 ``--big``: payloads larger than a record (default 64 of 4 MiB), one put_blocking each, through
 a 256 KiB ring (in fragments of 64 KiB) and an 8 MiB ring (fragments of 2 MiB).

@@ -1,7 +1,7 @@
 """Which pipeline owns a destination. Pure logic.
 
 A destination belongs to exactly one partition: `crc32(name) % partitions` among the
-workers of its kind (DESIGN.md). Pipelines are numbered p2p first, then pubsub:
+workers of its kind (docs/architecture.md, "Ownership"). Pipelines are numbered p2p first, then pubsub:
 with P p2p and T pubsub workers, p2p i is pipeline i and pubsub j is pipeline P + j.
 """
 

@@ -416,13 +416,13 @@ def test_estimate_refuses_negative_counts(capsys: pytest.CaptureFixture[str]) ->
 
 
 def _readme_section() -> str:
-    """README.md's "Memory budget" section."""
-    readme = (Path(__file__).parent.parent / "README.md").read_text()
+    """docs/configuration.md's "Memory budget" section."""
+    readme = (Path(__file__).parent.parent / "docs" / "configuration.md").read_text()
     return readme.split("\n## Memory budget\n", 1)[1].split("\n## ", 1)[0]
 
 
 def _readme_blocks() -> list[str]:
-    """The fenced blocks of README.md's "Memory budget" section."""
+    """The fenced blocks of docs/configuration.md's "Memory budget" section."""
     return _readme_section().split("```")[1::2]
 
 

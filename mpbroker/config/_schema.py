@@ -317,7 +317,7 @@ class ReplaySettings:
 
 @dataclass(frozen=True, slots=True)
 class FlowSettings:
-    """What a producer sees when a limit stops it (DESIGN.md, "Flow control")."""
+    """What a producer sees when a limit stops it (docs/architecture.md, "Flow control")."""
 
     # WebLogic's Send Timeout.
     send_timeout_ms: int = _setting(

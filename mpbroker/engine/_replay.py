@@ -1,6 +1,6 @@
 """Which durable subscription a replay worker reads for next, and how much. Pure logic.
 
-The replay budget (DESIGN.md, "Memory"): at most `max_concurrent` subscriptions replay at
+The replay budget (docs/architecture.md, "Durable replay"): at most `max_concurrent` subscriptions replay at
 once, each holding a place from its first request until it is released (caught up, or
 gone); the others wait in arrival order. A batch is at most `batch_messages` messages and
 `batch_bytes` bytes, and all batches in flight together at most `global_bytes`. A batch is

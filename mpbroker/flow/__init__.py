@@ -1,6 +1,6 @@
 """Flow control logic: when producers must stop, slow down, or wait. Pure logic.
 
-DESIGN.md, "Flow control": every limit is a pair of watermarks, crossing `high` stops
+docs/architecture.md, "Flow control": every limit is a pair of watermarks, crossing `high` stops
 producers and only falling to `low` starts them again.
 
 * `Watermark`, `Level`: one watermark pair and its armed state on one running value.

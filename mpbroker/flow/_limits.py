@@ -1,7 +1,7 @@
 """Store limits: per-destination and global watermarks on messages and bytes. Pure logic.
 
 A store worker tells a `FlowTracker` what entered and left the store; the tracker says
-which destinations must stop their producers and why (DESIGN.md, "Flow control"). It
+which destinations must stop their producers and why (docs/architecture.md, "Flow control"). It
 reports state *changes* (`changes`), which the worker forwards to the gateways, and the
 whole current state (`stopped`), which it re-announces to a gateway that restarted and so
 missed earlier changes.

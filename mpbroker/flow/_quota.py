@@ -2,7 +2,7 @@
 
 A quota bounds the messages and bytes that one or more destinations may hold. A sender
 whose message does not fit waits (up to its send timeout, which the caller enforces) for
-room; the quota decides who gets room that comes back (DESIGN.md, "Flow control"):
+room; the quota decides who gets room that comes back (docs/architecture.md, "Flow control"):
 
 * FIFO: waiting senders are served in arrival order. A new request waits behind anyone
   already waiting even if it would fit, and room that comes back goes to the head of the

@@ -1,7 +1,7 @@
 """Rate-based producer flow control, as WebLogic JMS does it. Pure logic.
 
 Stopping a producer outright at a watermark is abrupt; WebLogic's "flow control" slows
-producers down instead while a destination is over its threshold (DESIGN.md, "Flow
+producers down instead while a destination is over its threshold (docs/architecture.md, "Flow
 control"). With settings `maximum` and `minimum` (messages per second), `interval_s` and
 `steps`:
 

@@ -1,6 +1,6 @@
 """A pair of watermarks on one running value, with hysteresis. Pure logic.
 
-DESIGN.md, "Flow control": crossing `high` stops producers, only falling to `low` starts
+docs/architecture.md, "Flow control": crossing `high` stops producers, only falling to `low` starts
 them again. The gap between the two is what keeps a limit from flapping on every message
 when the value hovers around one number: producers that were stopped get a whole
 `high - low` of room before they are stopped again.

@@ -26,7 +26,7 @@ process creates its own doorbell, writers attach)::
                                                    else:
                                                        park([r], bell, timeout=0.5)
 
-See DESIGN.md, "Shared memory", for the traps these modules handle.
+See docs/architecture.md, "Shared memory", for the traps these modules handle.
 """
 
 from ._control import (

@@ -12,7 +12,7 @@ A slot (256 bytes = 4 cache lines, so two workers never write the same cache lin
     word 0 pid, 1 incarnation, 2 state, 3 heartbeat_ms, 4..7 reserved,
     words 8..23 the 16 general counters, 24..31 reserved
 
-Every field has exactly one writing process, so no locks are needed (DESIGN.md: a lock whose
+Every field has exactly one writing process, so no locks are needed (docs/architecture.md, "Traps": a lock whose
 holder is killed stays taken). Fields are stored and loaded as aligned 8-byte words, never with
 ``struct.pack_into`` (it zero-fills first, so a reader could see 0 mid-write).
 """

@@ -8,7 +8,7 @@ lock file (:class:`~mpbroker.shm._instance.InstanceLock`), which tells whether t
 alive. ``kill -9`` of a broker leaves its files behind, so a starting supervisor calls
 :func:`~mpbroker.shm._instance.sweep_stale`, which removes (with :func:`unlink_entries`) the
 entries of every instance that is not alive: one whose lock file nobody holds, or, for an
-instance without a lock file, one whose pid does not exist (DESIGN.md, "Shared memory").
+instance without a lock file, one whose pid does not exist (docs/architecture.md, "Segments").
 """
 
 from __future__ import annotations

@@ -43,7 +43,8 @@ def park(readers: Sequence[RingReader], doorbell: Doorbell, timeout: float) -> b
 
     Returns True if data was already there or the doorbell rang, False on timeout. Either way
     the caller reads its rings next: the timeout is the backstop for a wake-up lost to the
-    flag/counter race (DESIGN.md), so keep it short (milliseconds to a second).
+    flag/counter race (docs/architecture.md, "Doorbells and parking"), so keep it short
+    (milliseconds to a second).
     """
     _check_owner(doorbell)
     try:

@@ -56,7 +56,7 @@ these in order. The parking flag is the exception: "reader stores flag, loads he
 "writer stores head, loads flag" can be reordered even on x86, which is why parking always
 re-checks after setting the flag *and* waits with a timeout backstop (see ``_park.park``).
 On a weakly ordered CPU (ARM) the data stores could become visible after the head store; pure
-Python has no fence, so this module relies on x86-64 ordering (DESIGN.md: on ARM a system call
+Python has no fence, so this module relies on x86-64 ordering (docs/architecture.md, "Traps": on ARM a system call
 would have to sit between writing the data and publishing the counter).
 """
 

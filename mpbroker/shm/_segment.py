@@ -1,7 +1,7 @@
 """Creating and opening POSIX shared-memory segments safely (shared by rings and control block).
 
 Why not ``multiprocessing.shared_memory``: in Python 3.11 its resource tracker unlinks segments
-it did not create when a process exits (DESIGN.md), which breaks segments shared by processes.
+it did not create when a process exits (docs/architecture.md, "Segments"), which breaks segments shared by processes.
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ def create_segment_fd(name: str, size: int, what: str) -> int:
     taken. On any failure nothing is left behind.
     """
     # A tmpfs file larger than the free space is created fine and the first touch of a page
-    # that cannot be backed kills the process with SIGBUS (DESIGN.md). Check first, so the
+    # that cannot be backed kills the process with SIGBUS (docs/architecture.md, "Traps"). Check first, so the
     # common case gets a clear error before anything exists ...
     free = shm_free_bytes()
     if size > free:

@@ -4,7 +4,7 @@ One segment per worker: a header of two 8-byte words (a version counter and the 
 the snapshot) and the snapshot bytes. The writer makes the version odd, writes, then makes
 it even again (a seqlock): a reader that sees an odd version, or a different version after
 copying, read a snapshot being written and tries again. No lock, so a writer killed in the
-middle leaves nothing taken (DESIGN.md: no cross-process locks on the data path) — its
+middle leaves nothing taken (docs/architecture.md, "Traps": no cross-process locks on the data path) — its
 successor simply writes the next version.
 
 Readers are the admin API (in the supervisor) and tests; the writers publish every
@@ -66,7 +66,7 @@ class StatsBlock:
         version = q[_VERSION]
         if version % 2:
             version += 1  # a predecessor died mid-write: start from an even number
-        # Aligned 8-byte stores (DESIGN.md): a reader never sees a half-written counter.
+        # Aligned 8-byte stores (docs/architecture.md, "Traps"): a reader never sees a half-written counter.
         q[_VERSION] = version + 1
         self._mv[_HEADER : _HEADER + len(snapshot)] = snapshot
         q[_LENGTH] = len(snapshot)

@@ -35,7 +35,7 @@ and in a pubsub worker, for durable subscriptions::
     seqs = topics.append([(message, ["client-1/orders", "client-2/audit"])])
     topics.ack([("client-1/orders", seqs[0])], "acked", now_ms)   # still owed to client-2
 
-See DESIGN.md, "Message life" and "Delivery guarantees".
+See docs/architecture.md, "The life of a message" and "Delivery guarantees".
 """
 
 from ._commit import CommitBuffer

@@ -1,6 +1,6 @@
 """The storage module's small processing buffer: when to group-commit (pure, no I/O, no clock).
 
-DESIGN.md, "Message life", step 2: persistent messages are flushed into one store transaction
+docs/architecture.md, "The life of a message", step 4: persistent messages are flushed into one store transaction
 at the first of `max_delay_ms`, `max_messages` and `max_bytes`. The caller owns the clock and
 the store; this class only answers "flush now?" and "flush when?".
 """

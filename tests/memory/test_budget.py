@@ -335,7 +335,7 @@ def test_negative_counts_are_refused(field: str) -> None:
 
 
 def test_the_worked_example_in_the_docstring_is_the_default_plan() -> None:
-    # When a constant changes, update mpbroker/memory/_budget.py's docstring (and README.md).
+    # When a constant changes, update mpbroker/memory/_budget.py's docstring (and docs/configuration.md).
     memory = plan(config())
     doc = " ".join((budget.__doc__ or "").split())
     for b in memory.budgets:

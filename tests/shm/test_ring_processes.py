@@ -1,4 +1,4 @@
-"""Rings between real processes (spawn context), covering the traps listed in DESIGN.md."""
+"""Rings between real processes (spawn context), covering the traps listed in docs/architecture.md, "Traps"."""
 
 from __future__ import annotations
 
@@ -100,7 +100,7 @@ def test_40_mb_through_a_64_kib_ring(instance: str, processes: list[SpawnProcess
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two CPUs")
 def test_counters_are_never_seen_torn(instance: str, processes: list[SpawnProcess]) -> None:
     """Another process loads head and tail in a tight loop while this one publishes and
-    consumes; with struct.pack_into it would now and then see 0 (DESIGN.md)."""
+    consumes; with struct.pack_into it would now and then see 0 (docs/architecture.md, "Traps")."""
     name = segment_name(instance, "torn")
     ring = Ring.create(name, 1 << 16)
     # Free-running counters can start anywhere (8-aligned); start near 2**40 so that the
