@@ -14,9 +14,9 @@ a 256 KiB ring (in fragments of 64 KiB) and an 8 MiB ring (fragments of 2 MiB).
 
 from __future__ import annotations
 
+import argparse
 import multiprocessing as mp
 import os
-import sys
 import time
 from multiprocessing.synchronize import Event
 
@@ -109,9 +109,7 @@ def run(
         remove_instance(instance)
 
 
-def main_big(args: list[str]) -> None:
-    n = int(args[0]) if args else 64
-    size = int(args[1]) if len(args) > 1 else 4 << 20
+def main_big(n: int, size: int) -> None:
     for capacity in BIG_CAPACITIES:
         rates = sorted(run(n, 0, capacity, payload_bytes=size) for _ in range(3))
         print(
@@ -121,12 +119,30 @@ def main_big(args: list[str]) -> None:
         )
 
 
-def main() -> None:
-    if sys.argv[1:2] == ["--big"]:
-        main_big(sys.argv[2:])
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.ring",
+        description="Records/s through one ring between two processes (or, with --big, MiB/s "
+        "of large payloads passed in fragments).",
+    )
+    parser.add_argument(
+        "--big", action="store_true", help="large payloads through rings of several sizes"
+    )
+    parser.add_argument(
+        "count", type=int, nargs="?", help="records (default 2,000,000; --big: 64 payloads)"
+    )
+    parser.add_argument(
+        "size",
+        type=int,
+        nargs="?",
+        help="ring capacity in bytes (default 1 MiB; --big: payload bytes, default 4 MiB)",
+    )
+    args = parser.parse_args(argv)
+    if args.big:
+        main_big(args.count or 64, args.size or 4 << 20)
         return
-    n = int(sys.argv[1]) if len(sys.argv) > 1 else 2_000_000
-    capacity = int(sys.argv[2]) if len(sys.argv) > 2 else 1 << 20
+    n = args.count or 2_000_000
+    capacity = args.size or 1 << 20
     for batch, max_records in ((1, 1), (1, 1024), (64, 1024)):
         rates = sorted(run(n, batch, capacity, max_records) for _ in range(3))
         print(

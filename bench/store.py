@@ -10,8 +10,8 @@ temporary one on the same disk as the data directory would be (fsync cost depend
 
 from __future__ import annotations
 
+import argparse
 import shutil
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -81,10 +81,18 @@ def _live_load(root: Path, n: int) -> tuple[float, float]:
     return t1 - t0, t2 - t1
 
 
-def main(argv: list[str]) -> None:
-    n = int(argv[1]) if len(argv) > 1 else 20_000
-    base = Path(argv[2]) if len(argv) > 2 else None
-    root = Path(tempfile.mkdtemp(prefix="mpb-store-bench-", dir=base))
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.store",
+        description=(__doc__ or "").strip().splitlines()[0],
+    )
+    parser.add_argument("messages", type=int, nargs="?", default=20_000, help="per case")
+    parser.add_argument(
+        "directory", type=Path, nargs="?", help="where to write (default: a temporary one)"
+    )
+    args = parser.parse_args(argv)
+    n = args.messages
+    root = Path(tempfile.mkdtemp(prefix="mpb-store-bench-", dir=args.directory))
     try:
         print(f"store bench in {root}: 100-byte messages, {n} per case")
         for synchronous in ("full", "normal"):
@@ -102,4 +110,4 @@ def main(argv: list[str]) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv)
+    main()

@@ -6,7 +6,7 @@ a body kept as sent), and the gateway decompresses once per delivered message, s
 get the original bytes. A stored body is decoded by its own `encoding`, whatever the codec
 setting is now, so changing `[compression] codec` never strands stored messages.
 
-Codecs (measured with `python -m bench.compression`, README "Compression"):
+Codecs (measured with `python -m bench.compression`; docs/benchmarks.md, "Compression codecs"):
 
 - "zstd": Zstandard level 1 with its frame checksum, the default. On JSON-ish bodies of
   16 KiB-1 MiB it compresses at 550-850 MB/s (3-11x zlib level 6) and decompresses at

@@ -1,1 +1,1 @@
-"""Spark jobs over `mpbroker export` output (``pip install 'mpbroker[spark]'``, Java 17)."""
+"""Spark jobs over `mpbroker export` output (in a checkout: ``pip install -e '.[spark]'``; Java 17)."""

@@ -7,7 +7,7 @@
   the manifest logic (:class:`Manifest`, :func:`after_seq`).
 
 pyarrow is imported only when a file is read or written: the broker runs without it
-(``pip install 'mpbroker[spark]'`` brings it).
+(``pip install -e '.[spark]'`` in a checkout brings it).
 
 Example::
 

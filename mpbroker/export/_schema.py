@@ -61,7 +61,7 @@ STANDARD_HEADERS: Final = frozenset(
 class Column:
     name: str
     type: str
-    """The Arrow type, as the README's schema table names it."""
+    """The Arrow type, as the schema table of docs/export-and-spark.md names it."""
     nullable: bool
     doc: str
 
