@@ -250,7 +250,8 @@ def cmd_admin_status(args: argparse.Namespace) -> int:
 
     Example: mpbroker admin status --port 8161
     """
-    from mpbroker.admin import StatusView, decode, render_status
+    from mpbroker.admin import StatusView, decode
+    from mpbroker.admin.text import render_status
 
     return _show_admin_page(args, "/status", lambda data: render_status(decode(data, StatusView)))
 
@@ -261,7 +262,8 @@ def cmd_admin_flow(args: argparse.Namespace) -> int:
 
     Example: mpbroker admin flow --port 8161
     """
-    from mpbroker.admin import FlowView, decode, render_flow
+    from mpbroker.admin import FlowView, decode
+    from mpbroker.admin.text import render_flow
 
     return _show_admin_page(args, "/flow", lambda data: render_flow(decode(data, FlowView)))
 

@@ -81,7 +81,7 @@ class Message(msgspec.Struct, array_like=True, gc=False):
     seq: int = 0
     deliveries: int = 0
     # A stored message waiting in a queue with only its index entry in memory (headers and
-    # body left in the store; see QueueEngine.cache_entries).
+    # body left in the store; see engine.IndexCache).
     paged: bool = False
     # The codec `body` is compressed with ("zstd", "zlib"; see mpbroker.compression), or ""
     # for a body kept as sent. Last: an array-like record written before it still decodes.

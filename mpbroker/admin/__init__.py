@@ -2,12 +2,12 @@
 
 * `_snapshots`: the JSON, defined once: typed, frozen snapshots and pages.
 * `_collect`: the snapshots a pipeline publishes, built from its engines and trackers.
-* `_server`: `GET /status` and `GET /flow` on a loopback port (a thread of the supervisor).
-* `_text`: `mpbroker admin status|flow` as tables.
+* `server` (its own import: only the supervisor needs it, not every worker): `GET /status`
+  and `GET /flow` on a loopback port, a thread of the supervisor.
+* `text` (its own import, for `mpbroker admin`): the pages as tables.
 """
 
 from ._collect import queue_worker_stats, topic_worker_stats
-from ._server import AdminServer, WorkerRef, flow_view, status_view
 from ._snapshots import (
     ConsumerRow,
     DurableRow,
@@ -31,10 +31,8 @@ from ._snapshots import (
     encode,
     without_details,
 )
-from ._text import render_flow, render_status, table
 
 __all__ = [
-    "AdminServer",
     "ConsumerRow",
     "DurableRow",
     "FlowView",
@@ -51,17 +49,11 @@ __all__ = [
     "TempStoreStats",
     "TopicRow",
     "TopicWorkerStats",
-    "WorkerRef",
     "WorkerStats",
     "WorkerStatus",
     "decode",
     "encode",
-    "flow_view",
     "queue_worker_stats",
-    "render_flow",
-    "render_status",
-    "status_view",
-    "table",
     "topic_worker_stats",
     "without_details",
 ]

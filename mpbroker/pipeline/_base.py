@@ -123,19 +123,17 @@ class Pipeline(ABC):
             if expired:
                 log.info("expired %d messages", expired)
 
-    def step(self, memwatch_level: int) -> bool:
+    def step(self, memwatch_level: int) -> None:
         """After each batch: what is due (commits, write-back, paging, the held records
-        once every gateway re-registered); the flow changes go out. True if the pipeline
-        did something the worker should not sleep over."""
+        once every gateway re-registered); the flow changes go out."""
         if self._held and (not self._unregistered or time.monotonic() > self._hold_until):
             self._release_held()
-        busy = self._step()
+        self._step()
         if self.paging is not None:
             stopped = self.paging.step(memwatch_level)
             if stopped is not None:
                 self._announce(FlowState(self.index, STORE_TEMP, "", self._temp_stop(stopped)))
         self._announce_flow_changes()
-        return busy
 
     def take_output(self) -> dict[int, list[Record]]:
         """Records for each gateway since the last call, in order."""
@@ -174,7 +172,7 @@ class Pipeline(ABC):
         """One record, past the restart hold."""
 
     @abstractmethod
-    def _step(self) -> bool:
+    def _step(self) -> None:
         """What is due after a batch."""
 
     @abstractmethod

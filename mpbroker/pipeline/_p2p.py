@@ -141,7 +141,7 @@ class P2PPipeline(Pipeline):
             return
         self.queue_engine.handle(gateway, record)
 
-    def _step(self) -> bool:
+    def _step(self) -> None:
         persistence = self.persistence
         persistence.commit_if_due()
         effects = self.queue_engine.take_effects()
@@ -157,7 +157,6 @@ class P2PPipeline(Pipeline):
             self._quota_changes += [
                 FlowState(self.index, STORE_QUOTAS, c.destination, c.reason) for c in changes
             ]
-        return False
 
     def _engines(self) -> list[Engine]:
         return [self.queue_engine]

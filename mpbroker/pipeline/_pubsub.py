@@ -141,12 +141,22 @@ class PubSubPipeline(Pipeline):
             self.durables.persistence.commit()
         self.durables.handle(gateway, record)
 
-    def _step(self) -> bool:
+    def _step(self) -> None:
         durables = self.durables
         durables.pump()
         durables.persistence.commit_if_due()
-        durables.persistence.write_back(self.queue_engine.take_effects())
-        return False
+        effects = self.queue_engine.take_effects()
+        durables.persistence.write_back(effects)
+        # The durable subscriptions' queues never dead-letter (they are not /queue/ names),
+        # have no quota and expire through the topic store: were that to change, say so.
+        if effects.dead_letters or effects.quota_granted or effects.expiry_log:
+            log.error(
+                "durable queues left work nobody does: %d dead letters, %d quota grants, "
+                "%d expiry log lines",
+                len(effects.dead_letters),
+                len(effects.quota_granted),
+                len(effects.expiry_log),
+            )
 
     def _engines(self) -> list[Engine]:
         return [self.topics, self.queue_engine]

@@ -156,10 +156,11 @@ class _Transaction:
 class SessionOutput:
     """What a session wants done, taken with `GatewaySession.take_output()`.
 
-    `data` goes to the socket, in order. `records` go to the pipelines (`(pipeline index,
-    record)`), in order; they include the credits of the auto-acknowledged deliveries in
-    `data`, which leave their windows when taken: write `data` now (or, if the socket is
-    gone, feed `closed()`: at most once)."""
+    `data` goes to the socket, in order; `records` go to the pipelines (`(pipeline index,
+    record)`), in order. Any task may take it: the bytes wait in the shell for the socket.
+    When the shell hands bytes to the socket it feeds `data_sent()`: only then do the
+    auto-acknowledged deliveries among them leave their windows (their credits come with the
+    next output), so a consumer's window still bounds what the gateway holds for it."""
 
     data: list[bytes | memoryview] = field(default_factory=list)
     records: list[tuple[int, Record]] = field(default_factory=list)
@@ -208,8 +209,10 @@ class GatewaySession:
         self._touched: set[int] = set()
         self._transactions: dict[str, _Transaction] = {}
         self._pending_receipts: dict[int, _PendingReceipt] = {}
-        # Auto-ack deliveries in `_data` per subscription handle: credited when taken.
+        # Auto-ack deliveries per subscription handle: in `_data` (not taken yet), and taken
+        # but not yet handed to the socket; credited at `data_sent()`.
         self._auto_delivered: dict[int, int] = {}
+        self._auto_taken: dict[int, int] = {}
 
     # -- what the shell may read ---------------------------------------------------------
 
@@ -247,17 +250,25 @@ class GatewaySession:
         output = SessionOutput(self._data, self._records)
         self._data, self._records = [], []
         if self._auto_delivered:
-            # Auto-ack deliveries handed to the socket leave their windows now: once taken
-            # they may reach the client, so they must never come back (at most once); and
-            # the window still bounds what the gateway holds for a slow client.
-            by_pipeline: dict[int, list[tuple[int, int]]] = {}
+            taken = self._auto_taken
             for handle, count in self._auto_delivered.items():
-                sub = self._subs.get(handle)
-                if sub is not None:
-                    by_pipeline.setdefault(sub.pipeline, []).append((handle, count))
+                taken[handle] = taken.get(handle, 0) + count
             self._auto_delivered = {}
-            output.records += [(p, Credit(self.conn, subs)) for p, subs in by_pipeline.items()]
         return output
+
+    def data_sent(self) -> None:
+        """Every byte taken so far is being handed to the socket: its auto-ack deliveries
+        leave their windows (Credit records, in the next output). Once handed over they may
+        reach the client, so they must never come back (at most once)."""
+        if not self._auto_taken:
+            return
+        by_pipeline: dict[int, list[tuple[int, int]]] = {}
+        for handle, count in self._auto_taken.items():
+            sub = self._subs.get(handle)
+            if sub is not None:
+                by_pipeline.setdefault(sub.pipeline, []).append((handle, count))
+        self._auto_taken = {}
+        self._records += [(p, Credit(self.conn, subs)) for p, subs in by_pipeline.items()]
 
     # -- events from the client side -----------------------------------------------------
 
@@ -310,7 +321,11 @@ class GatewaySession:
         self._state = transition(self._state, Event.CLOSED)
         self._data.clear()
         self._auto_delivered.clear()
+        self._auto_taken.clear()
         self._pending_receipts.clear()
+        # Nothing of the connection is registered again (a pipeline restarting later).
+        self._subs.clear()
+        self._subs_by_id.clear()
         self._abort_all()
         self._records += [(p, ConnClosed(self.conn)) for p in sorted(self._touched)]
 
@@ -490,10 +505,9 @@ class GatewaySession:
         if sub is None:
             raise SessionError(f"no subscription with id {sub_id!r}")
         del self._subs[sub.handle]
-        # MESSAGE frames of this subscription already in `out` will be written: credit
-        # them first, or the pipeline would requeue them on Unsubscribe and deliver them
-        # twice.
-        written = self._auto_delivered.pop(sub.handle, 0)
+        # MESSAGE frames of this subscription already made will be written: credit them
+        # first, or the pipeline would requeue them on Unsubscribe and deliver them twice.
+        written = self._auto_delivered.pop(sub.handle, 0) + self._auto_taken.pop(sub.handle, 0)
         if written:
             self._route(sub.pipeline, Credit(self.conn, [(sub.handle, written)]))
         headers = frame.headers
@@ -674,7 +688,7 @@ class GatewaySession:
 
     def pipeline_restarted(self, pipeline: int) -> None:
         """A pipeline restarted: register again every subscription it owns, and ask again
-        for the receipts it still owed."""
+        for the receipts it still owed (nothing once the connection is closed)."""
         for sub in self._subs.values():
             if sub.pipeline == pipeline:
                 record = Subscribe(

@@ -63,9 +63,10 @@ def publish(block: StatsBlock, snapshot: WorkerStats) -> None:
 
 
 class WorkerBase:
-    """The shared-memory side of one worker process; `bell` names its own doorbell."""
+    """The shared-memory side of one worker process; `bell` names its own doorbell.
+    `reloads`: whether it takes settings reloaded on SIGHUP (a replay worker has none)."""
 
-    def __init__(self, spec: WorkerSpec, bell: str) -> None:
+    def __init__(self, spec: WorkerSpec, bell: str, *, reloads: bool = True) -> None:
         self.spec = spec
         layout = spec.layout
         self.control = ControlBlock.attach(layout.control)
@@ -73,7 +74,7 @@ class WorkerBase:
         self.stats = StatsBlock.attach(layout.stats(spec.slot))
         self.doorbell = Doorbell.create(bell)
         self.level_gc = LevelGC(self.control, spec.config)
-        self.config_watch = ConfigWatch(self.control, spec)
+        self.config_watch = ConfigWatch(self.control, spec) if reloads else None
         self.parent = os.getppid()
         self._next_stats_ms = 0
 
@@ -93,7 +94,7 @@ class WorkerBase:
         collection at MemWatch's level; the reloaded settings, when SIGHUP brought some."""
         self.slot.beat()
         self.level_gc.tick()
-        return self.config_watch.poll()
+        return self.config_watch.poll() if self.config_watch is not None else None
 
     def publish_stats(self, snapshot: WorkerStats) -> None:
         """Publish what the admin API shows of the worker."""

@@ -383,6 +383,8 @@ class _Server:
                 os.close(fd)
             self.children.clear()
             spec = pickle.loads(payload)
+            # Here, not at the top: the supervisor imports this module too, and must not
+            # import every worker's modules (the fork server has them from PRELOAD).
             from ._bootstrap import worker_entry
 
             worker_entry(spec, parent)

@@ -8,6 +8,7 @@ same port with SO_REUSEPORT, so the kernel spreads connections over them.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import enum
 import errno
@@ -79,23 +80,64 @@ _GO, _WAITED, _REFUSED = _Admitted.GO, _Admitted.WAITED, _Admitted.REFUSED
 
 
 class _Port:
-    """The writing end of one gateway->pipeline ring."""
+    """The writing end of one gateway->pipeline ring, shared by every task of the gateway.
+
+    Records are staged at once while the ring has room. Once it is full they wait here, in
+    order, and the port's own task (`run`) moves them into the ring as room appears: posting
+    never waits, so no task ever holds up another while a pipeline is slow or restarting. A
+    connection's reader waits for the backlog of the ports it posted to (`drained`) before
+    it reads more from its socket, so a full ring still slows its producers down.
+    """
 
     def __init__(self, writer: RingWriter) -> None:
         self.writer = writer
         self.dirty = False
+        self.backlog: collections.deque[tuple[int, bytes]] = collections.deque()
+        self._work = trio.Event()
+        self._empty = trio.Event()
+        self._empty.set()
 
-    async def send(self, record: Record) -> None:
+    def post(self, record: Record) -> bool:
+        """Stage `record` (or queue it behind others); True if it had to queue."""
         kind, payload = records.encode(record)
-        if not self.writer.stage(kind, payload):
-            # Full: `put` publishes what is staged first, then waits for room.
-            await self.writer.put(kind, payload)
-        self.dirty = True
+        backlog = self.backlog
+        if not backlog:
+            if self.writer.stage(kind, payload):
+                self.dirty = True
+                return False
+            # Full (a large payload may have staged some fragments: the same object
+            # continues it). What is staged goes out now; the rest waits for the task.
+            self.publish()
+            self._empty = trio.Event()
+            self._work.set()
+        backlog.append((kind, payload))
+        return True
 
-    def flush(self) -> None:
+    def publish(self) -> None:
         if self.dirty:
             self.writer.publish()
             self.dirty = False
+
+    async def drained(self) -> None:
+        """Until nothing waits in the backlog."""
+        await self._empty.wait()
+
+    async def run(self) -> None:
+        """The port's task: move the backlog into the ring as room appears."""
+        backlog = self.backlog
+        while True:
+            await self._work.wait()
+            self._work = trio.Event()
+            while backlog:
+                kind, payload = backlog[0]
+                if not self.writer.stage(kind, payload):
+                    # `put` publishes what is staged first, then waits for room.
+                    await self.writer.put(kind, payload)
+                else:
+                    self.dirty = True
+                backlog.popleft()
+            self.publish()
+            self._empty.set()
 
 
 class _Connection:
@@ -108,9 +150,6 @@ class _Connection:
         self.peer = peer
         self.wake = trio.Event()
         self.unsent: list[bytes | memoryview] = []
-        # One task at a time takes the session's output and routes its records, so a
-        # connection's records reach each pipeline in the order the session made them.
-        self.flushing = trio.Lock()
         self.pacer = Pacer()
 
     def notify(self) -> None:
@@ -169,22 +208,28 @@ class Gateway:
 
     # -- rings ---------------------------------------------------------------------------
 
-    async def route(self, routes: list[tuple[int, Record]]) -> None:
+    def route(self, routes: list[tuple[int, Record]]) -> set[_Port]:
+        """Post records to their pipelines' rings, in order; the ports where some had to
+        wait for room (await their `drained` to slow the sender down)."""
+        ports = self.ports
+        waiting: set[_Port] = set()
         for pipeline, record in routes:
-            await self.ports[pipeline].send(record)
-        for port in self.ports:
-            port.flush()
+            port = ports[pipeline]
+            if port.post(record):
+                waiting.add(port)
+        for port in ports:
+            port.publish()
+        return waiting
 
-    async def flush(self, conn: _Connection) -> None:
+    def flush(self, conn: _Connection) -> set[_Port]:
         """Take what the connection's session wants done: its bytes go to the writer, its
-        records to the pipelines."""
-        async with conn.flushing:
-            output = conn.session.take_output()
-            if output.data:
-                conn.unsent += output.data
-                conn.notify()
-            if output.records:
-                await self.route(output.records)
+        records to the pipelines (in the order the session made them: taking and posting
+        are one step). The ports where records wait for room."""
+        output = conn.session.take_output()
+        if output.data:
+            conn.unsent += output.data
+            conn.notify()
+        return self.route(output.records) if output.records else set()
 
     async def pump(self) -> None:
         """Take records from the pipelines and turn them into frames for connections."""
@@ -206,9 +251,9 @@ class Gateway:
             for conn in touched:
                 conn.notify()
             for conn in restarted:
-                await self.flush(conn)  # the subscriptions again, before Registered
+                self.flush(conn)  # the subscriptions again, before Registered
             if pending_routes:
-                await self.route(pending_routes)
+                self.route(pending_routes)
             # The heartbeat says the event loop turns, busy or idle (park times out).
             reloaded = self.base.turn()
             if self.control.memwatch_level != self.memory_level:
@@ -282,8 +327,11 @@ class Gateway:
         current: Stop | None = stop
         with trio.move_on_after(self.admission.send_timeout_s(frame)):
             while current is not None:
-                await self.flow_changed.wait()
+                # The event first, then the stop: a change between the two is not missed.
+                changed = self.flow_changed
                 current = self.admission.stop_for(frame, self.control.memwatch_level)
+                if current is not None:
+                    await changed.wait()
         return current
 
     async def publish_stats(self) -> None:
@@ -354,10 +402,8 @@ class Gateway:
             del self.connections[conn_id]
             self.slot.add_counter(COUNTER_CONNECTIONS, -1)
             session.closed()
-            # Shielded so a cancelled connection still tells its pipelines; bounded so a
-            # full ring to a stopped pipeline cannot hold the gateway up at shutdown.
-            with trio.move_on_after(_CLOSE_TIMEOUT_S, shield=True):
-                await self.flush(conn)
+            # Its pipelines hear of the end last (ConnClosed), whatever ended it.
+            self.flush(conn)
             await trio.aclose_forcefully(stream)
 
     async def _refuse(self, stream: trio.SocketStream, peer: str, limit: int) -> None:
@@ -407,18 +453,22 @@ class Gateway:
                 frames = []
             now = epoch_ms()
             for frame in frames:
+                # The state may change while we wait (a pipeline refused a frame, the broker
+                # stops, the client went away): nothing more is read then.
+                if not session.accepts_frames():
+                    break
                 if flow_controlled(session.state, frame):
                     admitted = await self._admit(conn, frame)
-                    if admitted is _REFUSED:
+                    if admitted is _REFUSED or not session.accepts_frames():
                         break
                     if admitted is _WAITED:
                         now = epoch_ms()
                 session.frame_received(frame, now)
                 parser.version = session.version  # CONNECT may have changed it
-                if not session.accepts_frames():
-                    break
             self.slot.add_counter(COUNTER_FRAMES_IN, len(frames))
-            await self.flush(conn)
+            for port in self.flush(conn):
+                # A full ring: read nothing more until what we sent is in it.
+                await port.drained()
         conn.notify()  # the writer writes what is owed and ends the connection
 
     async def _admit(self, conn: _Connection, frame: Frame) -> _Admitted:
@@ -435,7 +485,7 @@ class Gateway:
         stop = admission.stop_for(frame, self.control.memwatch_level)
         if stop is None:
             return _WAITED if waited else _GO
-        await self.flush(conn)
+        self.flush(conn)  # what came before it goes first
         self.held_sends[conn] = (frame.headers.get("destination", ""), stop, time.monotonic())
         try:
             stop = await self._wait_for_room(frame, stop)
@@ -455,7 +505,7 @@ class Gateway:
         if delay is None:
             return False
         if delay > 0:
-            await self.flush(conn)
+            self.flush(conn)  # what came before it goes first
             await trio.sleep(delay)
         conn.pacer.sent(pace[0], trio.current_time())
         return delay > 0
@@ -464,7 +514,7 @@ class Gateway:
         session = conn.session
         stream = conn.stream
         while True:
-            await self.flush(conn)
+            self.flush(conn)
             if not conn.unsent:
                 if session.is_ending():
                     return
@@ -478,6 +528,9 @@ class Gateway:
                 continue
             data = b"".join(conn.unsent)
             conn.unsent.clear()
+            # Handed to the socket: its auto-ack deliveries leave their windows now.
+            session.data_sent()
+            self.flush(conn)
             try:
                 await stream.send_all(data)
             except (trio.BrokenResourceError, trio.ClosedResourceError):
@@ -526,11 +579,14 @@ async def _main(spec: WorkerSpec) -> None:
             raise
         sock.listen(_LISTEN_BACKLOG)
         listener = trio.SocketListener(sock)
-        hello = Hello(spec.index, spec.incarnation)
-        await gateway.route([(p, hello) for p in range(len(gateway.ports))])
-        gateway.base.ready()
         with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
             async with trio.open_nursery() as nursery:
+                for port in gateway.ports:
+                    nursery.start_soon(port.run)
+                hello = Hello(spec.index, spec.incarnation)
+                for port in gateway.route([(p, hello) for p in range(len(gateway.ports))]):
+                    await port.drained()
+                gateway.base.ready()
                 nursery.start_soon(gateway.pump)
                 nursery.start_soon(gateway.publish_stats)
                 accepting = trio.CancelScope()
@@ -550,6 +606,11 @@ async def _main(spec: WorkerSpec) -> None:
                 accepting.cancel()
                 await listener.aclose()
                 await gateway.shutdown_connections()
+                # What the connections said last (ConnClosed) reaches the pipelines, unless
+                # a ring stays full (a stopped pipeline) for longer than this.
+                with trio.move_on_after(_CLOSE_TIMEOUT_S):
+                    for port in gateway.ports:
+                        await port.drained()
                 nursery.cancel_scope.cancel()
     finally:
         gateway.close()

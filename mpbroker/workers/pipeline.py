@@ -109,7 +109,7 @@ class PipelineWorker:
             for kind, payload in self.replay_reader.read_batch(batch_records):
                 busy = True
                 pipeline.replayed(decode(kind, payload))
-        busy |= pipeline.step(self.base.memwatch_level)
+        pipeline.step(self.base.memwatch_level)
         self.flush()
         return busy
 

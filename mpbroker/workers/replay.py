@@ -45,7 +45,8 @@ class ReplayWorker:
         self.spec = spec
         layout = spec.layout
         config = spec.config
-        self.base = WorkerBase(spec, layout.replay_bell(spec.index))
+        # Nothing a replay worker does is reloadable: its [replay] budgets need a restart.
+        self.base = WorkerBase(spec, layout.replay_bell(spec.index), reloads=False)
         self.partitions = layout.served_by(spec.index)
         self.rings: list[Ring] = []
         self.bells: list[Doorbell] = []
@@ -187,7 +188,6 @@ class ReplayWorker:
         readers = [reader for _, reader in self.readers]
         while not stop.requested:
             busy = self.step()
-            # Nothing a replay worker does is reloadable: its [replay] budgets need a restart.
             base.turn()
             base.slot.set_counter(COUNTER_BATCHES, self.batches)
             base.slot.set_counter(COUNTER_MESSAGES, self.messages)

@@ -22,14 +22,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
 
-from mpbroker.admin import (
-    AdminServer,
-    MemoryLevel,
-    MemoryStatus,
-    StatusView,
-    WorkerRef,
-    status_view,
-)
+from mpbroker.admin import MemoryLevel, MemoryStatus, StatusView
+from mpbroker.admin.server import AdminServer, WorkerRef, status_view
 from mpbroker.config import Config, ConfigError, parse_levels, reload_flow_settings
 from mpbroker.memory import MemWatch, broker_memory_bytes, check, require_fits
 from mpbroker.routing import Topology

@@ -16,9 +16,8 @@ from mpbroker.admin import (
     TopicRow,
     WorkerStats,
     WorkerStatus,
-    render_flow,
-    render_status,
 )
+from mpbroker.admin.text import render_flow, render_status
 
 
 def worker(title: str, role: str, stats: WorkerStats | None) -> WorkerStatus:
