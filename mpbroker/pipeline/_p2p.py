@@ -93,7 +93,6 @@ class P2PPipeline(Pipeline):
             if quotas is not None
             else None
         )
-        self._quota_changes: list[FlowState] = []
 
     @property
     def engine(self) -> Engine:
@@ -154,9 +153,10 @@ class P2PPipeline(Pipeline):
             )
             for gateway, record in admitted:
                 self._handle(gateway, record, reserved=True)
-            self._quota_changes += [
-                FlowState(self.index, STORE_QUOTAS, c.destination, c.reason) for c in changes
-            ]
+            for change in changes:
+                self._announce(
+                    FlowState(self.index, STORE_QUOTAS, change.destination, change.reason)
+                )
 
     def _engines(self) -> list[Engine]:
         return [self.queue_engine]
@@ -178,7 +178,3 @@ class P2PPipeline(Pipeline):
             FlowState(self.index, STORE_QUOTAS, destination, reason)
             for destination, reason in self.quota_room.stops().items()
         ]
-
-    def _flow_changes_extra(self) -> list[FlowState]:
-        changes, self._quota_changes = self._quota_changes, []
-        return changes
