@@ -143,6 +143,8 @@ class Subscribe(msgspec.Struct, array_like=True, gc=False):
     receipt: str = ""
     # Durable topic subscription: "<client-id>/<name>"; "" for an ordinary subscription.
     durable: str = ""
+    # JMS message selector (docs/selectors.md), checked by the gateway; "" selects all.
+    selector: str = ""
 
 
 class Unsubscribe(msgspec.Struct, array_like=True, gc=False):

@@ -95,6 +95,7 @@ def _consumers(*engines: Engine) -> list[ConsumerRow]:
             window_bytes=consumer.window_bytes,
             backlog=len(consumer.pending),
             ready="yes" if consumer.ready else "no",
+            selector="" if consumer.selector is None else consumer.selector.text,
         )
         for engine in engines
         for consumer in engine.consumers.values()

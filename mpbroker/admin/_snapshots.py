@@ -147,6 +147,7 @@ class ConsumerRow(_Snapshot, frozen=True):
         backlog: topic messages waiting for room in its window.
         ready: "yes" when it can take another message now, else "no".
         worker: in `FlowView` only: the worker that holds it.
+        selector: its JMS message selector ("" when it takes every message).
     """
 
     destination: str
@@ -161,6 +162,7 @@ class ConsumerRow(_Snapshot, frozen=True):
     backlog: int
     ready: str
     worker: str | None = None
+    selector: str = ""
 
 
 class DurableRow(_Snapshot, frozen=True):

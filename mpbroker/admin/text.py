@@ -164,10 +164,14 @@ def render_flow(view: FlowView) -> str:
             f"{c.unacknowledged}/{c.prefetch}",
             c.backlog,
             c.ready,
+            c.selector,
         ]
         for c in view.consumers
     ]
     parts.append(
-        table(["destination", "subscription", "ack", "window", "backlog", "ready"], consumers)
+        table(
+            ["destination", "subscription", "ack", "window", "backlog", "ready", "selector"],
+            consumers,
+        )
     )
     return "\n\n".join(parts)

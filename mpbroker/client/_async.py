@@ -163,6 +163,7 @@ class AsyncConnection(SessionView):
         ack: str = "auto",
         id: str | None = None,
         prefetch: int | None = None,
+        selector: str | None = None,
         headers: Mapping[str, str] | None = None,
         receipt: bool = True,
         callback: AsyncCallback | None = None,
@@ -175,7 +176,13 @@ class AsyncConnection(SessionView):
         next message still goes to it.
         """
         info, out = self._session.subscribe(
-            destination, ack=ack, id=id, prefetch=prefetch, headers=headers, receipt=receipt
+            destination,
+            ack=ack,
+            id=id,
+            prefetch=prefetch,
+            selector=selector,
+            headers=headers,
+            receipt=receipt,
         )
         sub = AsyncSubscription(self, info)
         self._subscriptions[info.id] = sub

@@ -374,10 +374,12 @@ class ClientSession:
         ack: str = "auto",
         id: str | None = None,
         prefetch: int | None = None,
+        selector: str | None = None,
         headers: Mapping[str, str] | None = None,
         receipt: bool = True,
     ) -> tuple[SubscriptionInfo, Outgoing]:
-        """A SUBSCRIBE frame; the subscription is active (routes messages) from now on."""
+        """A SUBSCRIBE frame; the subscription is active (routes messages) from now on.
+        `selector`: a JMS message selector (the `selector` header, docs/selectors.md)."""
         self._ensure_open("subscribe()")
         if ack not in ACK_MODES:
             raise ValueError(f"ack mode must be one of {sorted(ACK_MODES)}, got {ack!r}")
@@ -388,6 +390,8 @@ class ClientSession:
         frame_headers.update(destination=destination, id=sub_id, ack=ack)
         if prefetch is not None:
             frame_headers[PREFETCH_HEADER] = str(prefetch)
+        if selector is not None:
+            frame_headers["selector"] = selector
         out = self._build("SUBSCRIBE", frame_headers, receipt=receipt)
         info = SubscriptionInfo(sub_id, destination, ack)
         self._subscriptions[sub_id] = info

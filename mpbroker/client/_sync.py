@@ -164,6 +164,7 @@ class Connection(SessionView):
         ack: str = "auto",
         id: str | None = None,
         prefetch: int | None = None,
+        selector: str | None = None,
         headers: Mapping[str, str] | None = None,
         receipt: bool = True,
         callback: Callback | None = None,
@@ -172,15 +173,22 @@ class Connection(SessionView):
         """Subscribe; by default wait until the server confirmed the subscription.
 
         ``ack`` is ``auto``, ``client`` or ``client-individual``; ``prefetch`` becomes the
-        ``activemq.prefetchSize`` header. With ``callback``, each message is passed to it on
-        the reader thread instead of being queued for :meth:`Subscription.get`; the callback
-        may send and ack, but not wait for receipts (that would block the thread that reads
-        them).
+        ``activemq.prefetchSize`` header; ``selector`` the ``selector`` header (a JMS
+        message selector: only the messages it selects are delivered). With ``callback``,
+        each message is passed to it on the reader thread instead of being queued for
+        :meth:`Subscription.get`; the callback may send and ack, but not wait for receipts
+        (that would block the thread that reads them).
         """
         self._guard_receipt("subscribe()", receipt)
         with self._lock:
             info, out = self._session.subscribe(
-                destination, ack=ack, id=id, prefetch=prefetch, headers=headers, receipt=receipt
+                destination,
+                ack=ack,
+                id=id,
+                prefetch=prefetch,
+                selector=selector,
+                headers=headers,
+                receipt=receipt,
             )
             sub = Subscription(self, info, callback)
             self._subscriptions[info.id] = sub

@@ -32,6 +32,7 @@ __all__ = [
     "QuotaConfig",
     "ReplaySettings",
     "RingSettings",
+    "SelectorSettings",
     "StompSettings",
     "StoreFlowSettings",
     "StoreSettings",
@@ -230,6 +231,18 @@ class TransactionSettings:
     )
     max_open_per_connection: int = _setting(
         100, "transactions one connection may have open at once", min=1
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class SelectorSettings:
+    """JMS message selectors on SUBSCRIBE (docs/selectors.md)."""
+
+    # ActiveMQ and Artemis set no limit; a selector is compiled once per subscription and
+    # its text kept with it (and stored with a durable one), so a bound keeps a client
+    # from handing the broker megabytes of it.
+    max_length: int = _setting(
+        4 * KiB, "longest selector a SUBSCRIBE may carry, in characters", min=1
     )
 
 
@@ -559,6 +572,7 @@ class Config:
     queues: QueueSettings = field(default_factory=QueueSettings)
     topics: TopicSettings = field(default_factory=TopicSettings)
     transactions: TransactionSettings = field(default_factory=TransactionSettings)
+    selectors: SelectorSettings = field(default_factory=SelectorSettings)
     store: StoreSettings = field(default_factory=StoreSettings)
     replay: ReplaySettings = field(default_factory=ReplaySettings)
     flow: FlowSettings = field(default_factory=FlowSettings)

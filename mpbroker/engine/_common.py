@@ -20,10 +20,12 @@ from mpbroker.records import (
     Nack,
     Receipt,
     Record,
+    Refuse,
     Send,
     Subscribe,
     Unsubscribe,
 )
+from mpbroker.selector import Selector, SelectorError, compile_selector
 
 # (gateway index, connection id, subscription handle): unique across the broker.
 ConsumerKey = tuple[int, int, int]
@@ -76,6 +78,8 @@ class Consumer:
     unacked_bytes: int = 0
     # Topic subscribers only: messages waiting for room in the window.
     pending: deque[Message] = field(default_factory=deque)
+    # The SUBSCRIBE's message selector (None: every message is selected).
+    selector: Selector | None = None
 
     @property
     def ready(self) -> bool:
@@ -175,6 +179,9 @@ class Engine(ABC):
                 key = (gateway, record.conn, record.sub)
                 # Re-registration after a pipeline restart may repeat a Subscribe still in
                 # the ring: keep the consumer we have.
+                selector = self._selector(gateway, record)
+                if record.selector and selector is None:
+                    return
                 # The receipt goes first: what the subscription is handed at once (a
                 # waiting backlog) follows it.
                 self._receipt(gateway, record.conn, record.receipt)
@@ -186,6 +193,7 @@ class Engine(ABC):
                         record.ack_mode,
                         record.prefetch,
                         self.window_bytes_for(record.destination),
+                        selector=selector,
                     )
                     self.consumers[key] = consumer
                     self._added(consumer)
@@ -203,6 +211,19 @@ class Engine(ABC):
                 self.outbox.add(gateway, BarrierDone(record.conn, record.token, self.pipeline))
             case _:
                 raise ValueError(f"{self.role} pipeline cannot handle {type(record).__name__}")
+
+    def _selector(self, gateway: int, record: Subscribe) -> Selector | None:
+        """The subscription's compiled selector (None: none). The gateway checked it, so a
+        refusal here means the two disagree: refused all the same, never ignored."""
+        if not record.selector:
+            return None
+        try:
+            return compile_selector(record.selector)
+        except SelectorError as exc:
+            self.outbox.add(
+                gateway, Refuse(record.conn, str(exc), "Nothing was subscribed.", record.receipt)
+            )
+            return None
 
     def _remove(self, keys: list[ConsumerKey], *, requeue_auto: bool) -> None:
         removed = [c for c in (self.consumers.pop(key, None) for key in keys) if c is not None]

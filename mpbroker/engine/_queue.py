@@ -13,7 +13,6 @@ from mpbroker.errors import LimitReached
 from mpbroker.flow import DISCARD, ExpiryPolicy, FlowTracker, QuotaBook, expired_log_line
 from mpbroker.records import (
     ACK_AUTO,
-    NO_HEADERS,
     Deliver,
     Message,
     Refuse,
@@ -22,6 +21,7 @@ from mpbroker.records import (
     encode_page,
     message_size,
 )
+from mpbroker.selector import Selector, SelectorIndex
 
 from ._common import Consumer, Engine, Outbox, no_byte_window
 from ._pending import Pending
@@ -77,13 +77,105 @@ class QueueEffects:
 
 
 @dataclass(eq=False)
+class _Lane:
+    """The consumers of a queue that share one selector (None: those without one), and
+    the waiting messages it selects, in delivery order; served round robin."""
+
+    selector: Selector | None
+    pending: Pending
+    consumers: list[Consumer] = field(default_factory=list)
+    next_consumer: int = 0
+
+
+@dataclass(eq=False)
 class _Queue:
+    """One queue: every waiting message in `pending`, in delivery order.
+
+    Consumers without a selector take from `pending` itself (the `plain` lane). Consumers
+    with one are grouped by its text in `lanes`, each with its own Pending of the waiting
+    messages it selects (found through `index` when a message arrives or comes back, and
+    by one scan of the backlog when the lane is made). A message delivered from any lane
+    leaves `pending` and every other lane holding it (`lanes_of`), so no message waits
+    behind one that no ready consumer selects (no head-of-line blocking), and messages no
+    consumer selects stay where they are, in order, until one comes.
+
+    Between steps, every ready consumer's lane is empty: so a new message only needs the
+    lanes that select it looked at, and a consumer with room again only its own.
+    """
+
     name: str
     pending: Pending = field(default_factory=Pending)
     consumers: list[Consumer] = field(default_factory=list)
-    next_consumer: int = 0
+    plain: _Lane = field(init=False)
+    lanes: dict[str, _Lane] = field(default_factory=dict)
+    index: SelectorIndex[_Lane] = field(default_factory=SelectorIndex)
+    # id(message) -> the selector lanes holding it (only messages some lane selects).
+    lanes_of: dict[int, list[_Lane]] = field(default_factory=dict)
     # Messages held: pending plus delivered-but-unsettled.
     held_messages: int = 0
+
+    def __post_init__(self) -> None:
+        self.plain = _Lane(None, self.pending)
+
+    def lane(self, consumer: Consumer) -> _Lane:
+        selector = consumer.selector
+        return self.plain if selector is None else self.lanes[selector.text]
+
+    def add_waiting(self, message: Message) -> None:
+        """A message starts waiting, at the tail of its priority."""
+        self.pending.append(message)
+        if self.lanes:
+            lanes = self.index.matching(message)
+            if lanes:
+                self.lanes_of[id(message)] = lanes
+                for lane in lanes:
+                    lane.pending.append(message)
+
+    def add_waiting_at_head(self, messages: list[Message]) -> None:
+        """Messages come back, to the head of their priorities, in their order."""
+        self.pending.extendleft(messages)
+        if not self.lanes:
+            return
+        back: dict[int, tuple[_Lane, list[Message]]] = {}
+        for message in messages:
+            lanes = self.index.matching(message)
+            if lanes:
+                self.lanes_of[id(message)] = lanes
+                for lane in lanes:
+                    back.setdefault(id(lane), (lane, []))[1].append(message)
+        for lane, selected in back.values():
+            lane.pending.extendleft(selected)
+
+    def stop_waiting(self, message: Message, taken_from: Pending | None = None) -> None:
+        """A message left `taken_from` (popped; None: from none yet): it leaves all."""
+        if taken_from is not self.pending:
+            self.pending.remove(message)
+        if self.lanes_of:
+            for lane in self.lanes_of.pop(id(message), ()):
+                if lane.pending is not taken_from:
+                    lane.pending.remove(message)
+
+    def open_lane(self, selector: Selector) -> _Lane:
+        """A lane for a selector no consumer of the queue had: one scan of the backlog."""
+        lane = self.lanes[selector.text] = _Lane(selector, Pending())
+        matches = selector.matches
+        for message in self.pending:
+            if matches(message):
+                lane.pending.append(message)
+                self.lanes_of.setdefault(id(message), []).append(lane)
+        self.index.add(lane, selector)
+        return lane
+
+    def close_lane(self, lane: _Lane) -> None:
+        """A lane's last consumer left: its messages stay in `pending`."""
+        assert lane.selector is not None
+        del self.lanes[lane.selector.text]
+        self.index.remove(lane)
+        for message in lane.pending:
+            lanes = self.lanes_of[id(message)]
+            lanes.remove(lane)
+            if not lanes:
+                del self.lanes_of[id(message)]
 
 
 def _discard(queue: str) -> ExpiryPolicy:
@@ -99,7 +191,8 @@ def _redelivery(message: Message) -> Message:
 
 
 class QueueEngine(Engine):
-    """Owns the queues of one p2p partition: each message goes to exactly one consumer.
+    """Owns the queues of one p2p partition: each message goes to exactly one consumer
+    whose selector selects it (see `_Queue` for how selectors avoid head-of-line blocking).
 
     Ready consumers (window not full) are served round robin. NACK, and a consumer that
     goes away with unsettled messages, put those messages back at the head of the queue
@@ -208,18 +301,26 @@ class QueueEngine(Engine):
             if self.cached >= cache.max_entries or -1 < cache.max_bytes < self.cached_bytes + len(
                 message.body
             ):
-                message = msgspec.structs.replace(message, body=b"", headers=NO_HEADERS, paged=True)
+                # The headers stay: selectors read them without a trip to the store.
+                message = msgspec.structs.replace(message, body=b"", paged=True)
             else:
                 self.cached += 1
                 self.cached_bytes += len(message.body)
-        queue.pending.append(message)
+        if queue.lanes:
+            queue.add_waiting(message)
+        else:
+            queue.pending.append(message)  # (the common case, inlined)
         queue.held_messages += 1
         if not message.persistent:
             self.held_bytes += message.size
         flow = self.flow_persistent if message.persistent else self.flow_volatile
         if flow is not None:
             flow.add(name, 1, message.size)
-        self._dispatch(queue)
+        # Only the lanes holding it can deliver it (every ready consumer's lane was empty).
+        self._drain(queue, queue.plain)
+        if queue.lanes_of:
+            for lane in queue.lanes_of.get(id(message), ()):
+                self._drain(queue, lane)
         # Still waiting after dispatch, while memory is short: its body goes to disk.
         if (
             self.paging
@@ -234,10 +335,10 @@ class QueueEngine(Engine):
         key = self.pager.put(encode_page(message))
         if key is None:
             return False
-        # The message is ours alone while it waits: changed in place. Its destination is
-        # its queue's name: one string for all of them.
+        # The message is ours alone while it waits: changed in place (it stays where it
+        # waits). Its destination is its queue's name: one string for all of them. The
+        # headers stay: selectors read them without a trip to the temp store.
         message.body = b""
-        message.headers = NO_HEADERS
         message.destination = queue
         message.temp_key = key
         self._paged(queue, message.size)
@@ -342,7 +443,13 @@ class QueueEngine(Engine):
         if queue is None:
             queue = self.queues[consumer.destination] = _Queue(consumer.destination)
         queue.consumers.append(consumer)
-        self._dispatch(queue)
+        selector = consumer.selector
+        if selector is None:
+            lane = queue.plain
+        else:
+            lane = queue.lanes.get(selector.text) or queue.open_lane(selector)
+        lane.consumers.append(consumer)
+        self._drain(queue, lane)
 
     def _removed(self, consumers: list[Consumer], *, requeue_auto: bool) -> None:
         """Put the unsettled messages of departed consumers back, then dispatch.
@@ -354,6 +461,10 @@ class QueueEngine(Engine):
         for consumer in consumers:
             queue = self.queues[consumer.destination]
             queue.consumers.remove(consumer)
+            lane = queue.lane(consumer)
+            lane.consumers.remove(consumer)
+            if not lane.consumers and lane is not queue.plain:
+                queue.close_lane(lane)
             touched[queue.name] = queue
         for consumer in consumers:
             queue = touched[consumer.destination]
@@ -372,10 +483,12 @@ class QueueEngine(Engine):
         queue = self.queues[consumer.destination]
         if nack:
             self._requeue(queue, messages)
+            self._dispatch(queue)
         else:
-            # Settled messages leave the store; the consumer's window has room again.
+            # Settled messages leave the store; the consumer's window has room again
+            # (and only its lane can have something for it).
             self._forget(queue, messages)
-        self._dispatch(queue)
+            self._drain(queue, queue.lane(consumer))
 
     def _requeue(self, queue: _Queue, messages: list[Message]) -> None:
         """Delivered messages come back to the head of the queue, in their order; one
@@ -398,7 +511,7 @@ class QueueEngine(Engine):
         if self.index_cache is not None:
             # Back with their bodies: they count in the cache again.
             self.cached += sum(1 for m in back if m.seq)
-        queue.pending.extendleft(back)
+        queue.add_waiting_at_head(back)
 
     def _dead_letter_queue(self, queue: str) -> str:
         return f"/queue/{self.settings.dead_letter_prefix}{queue[len('/queue/') :]}"
@@ -473,6 +586,7 @@ class QueueEngine(Engine):
         evicted: list[Message] = []
         while queue.pending:
             message = queue.pending.popleft()
+            queue.stop_waiting(message, queue.pending)
             # A paged-out body comes back: the caller keeps what it evicts.
             taken = self._taken(message, queue.name) if message.temp_key else message
             evicted.append(self._taken_index(taken, queue.name))
@@ -492,6 +606,8 @@ class QueueEngine(Engine):
             doomed = {m.message_id for m in queue.pending if 0 < m.expires_ms <= now_ms}
             if doomed:
                 removed = list(queue.pending.remove_where(doomed))
+                for message in removed:
+                    queue.stop_waiting(message, queue.pending)
                 self._expire(queue, removed)
                 total += len(removed)
                 self._drop_if_idle(queue)
@@ -530,15 +646,22 @@ class QueueEngine(Engine):
             self._move(queue, message, copy, "expired")
 
     def _dispatch(self, queue: _Queue) -> None:
-        """Hand pending messages to ready consumers, round robin."""
-        consumers = queue.consumers
+        """Hand waiting messages to ready consumers, every lane (messages came back)."""
+        self._drain(queue, queue.plain)
+        for lane in list(queue.lanes.values()):
+            self._drain(queue, lane)
+
+    def _drain(self, queue: _Queue, lane: _Lane) -> None:
+        """Hand a lane's waiting messages to its ready consumers, round robin."""
+        consumers = lane.consumers
         count = len(consumers)
         if not count:
             return
-        pending = queue.pending
+        pending = lane.pending
+        plain_only = pending is queue.pending and not queue.lanes
         expiry_on_read = self.settings.expiry_on_read
         misses = 0
-        index = queue.next_consumer
+        index = lane.next_consumer
         while pending and misses < count:
             consumer = consumers[index % count]
             index += 1
@@ -547,6 +670,8 @@ class QueueEngine(Engine):
                 continue
             misses = 0
             message = pending.popleft()
+            if not plain_only:  # (else it was only in `pending`, and is out of it now)
+                queue.stop_waiting(message, pending)
             if message.expires_ms and message.expires_ms <= self.now_ms and expiry_on_read:
                 # Never deliver an expired message (no need to read it back to drop it).
                 self._expire(queue, [message])
@@ -557,7 +682,7 @@ class QueueEngine(Engine):
             gateway, conn, sub = consumer.key
             self.outbox.add(gateway, Deliver([(conn, sub)], message))
             self.delivered += 1
-        queue.next_consumer = index % count
+        lane.next_consumer = index % count
 
     def _drop_if_idle(self, queue: _Queue) -> None:
         # Queues are created on first use; forget empty ones so names don't accumulate.

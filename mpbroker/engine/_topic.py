@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -22,6 +22,7 @@ from mpbroker.records import (
     encode_page,
     message_size,
 )
+from mpbroker.selector import SelectorIndex
 
 from ._common import Consumer, Engine, Outbox, no_byte_window
 
@@ -51,7 +52,8 @@ class TopicEffects:
 
 
 class TopicEngine(Engine):
-    """Owns the topics of one pubsub partition: every subscriber gets every message.
+    """Owns the topics of one pubsub partition: every subscriber gets every message its
+    selector selects (all of them without one; see `indexes`).
 
     A subscriber whose window is full keeps later messages in its own backlog, in order,
     up to `max_pending_messages`; a publish that would overflow a backlog is refused with
@@ -80,6 +82,12 @@ class TopicEngine(Engine):
         super().__init__(pipeline, outbox, window_bytes_for)
         self.settings = settings
         self.topics: dict[str, list[Consumer]] = {}
+        # Topics with subscribers that have a selector: those without one (every message),
+        # and an index of the others, so a message is tested only against subscribers
+        # whose indexed condition it meets (publish cost flat in subscribers that do not
+        # match). Topics without selectors have neither.
+        self.plain: dict[str, list[Consumer]] = {}
+        self.indexes: dict[str, SelectorIndex[Consumer]] = {}
         # The live buffer's watermarks, per topic, on its slowest subscriber's backlog:
         # a level exists only while a topic is near or over its high watermark.
         self.live_mark = Watermark(settings.live_msg_high, settings.live_msg_low)
@@ -124,7 +132,15 @@ class TopicEngine(Engine):
         message = record.message
         if not message.size:
             message.size = message_size(message)  # once, for every subscriber's byte window
-        subscribers = self.topics.get(message.destination, ())
+        topic = message.destination
+        index = self.indexes.get(topic)
+        subscribers: Sequence[Consumer]
+        if index is None:
+            subscribers = self.topics.get(topic, ())
+        else:
+            # A subscriber that does not select the message does not see it at all: not
+            # in its window, its backlog, or the live buffer's counts.
+            subscribers = [*self.plain.get(topic, ()), *index.matching(message)]
         limit = self.settings.max_pending_messages
         for consumer in subscribers:
             if len(consumer.pending) >= limit:
@@ -164,7 +180,7 @@ class TopicEngine(Engine):
             self.outbox.add(gateway_index, Deliver(batch, message))
             self.delivered += len(batch)
         self._receipt(gateway, record.conn, record.receipt)
-        self._check_live(message.destination)
+        self._check_live(topic, subscribers)
 
     def _settled(self, consumer: Consumer, messages: list[Message], *, nack: bool) -> None:
         if nack:
@@ -175,9 +191,22 @@ class TopicEngine(Engine):
             self.live_total += len(messages)
             self.live_bytes += sum(m.size for m in messages)
         self._drain(consumer)
+        if nack:
+            self._check_live(consumer.destination, [consumer])
 
     def _added(self, consumer: Consumer) -> None:
-        self.topics.setdefault(consumer.destination, []).append(consumer)
+        topic = consumer.destination
+        subscribers = self.topics.setdefault(topic, [])
+        subscribers.append(consumer)
+        index = self.indexes.get(topic)
+        if consumer.selector is None:
+            if index is not None:
+                self.plain[topic].append(consumer)
+            return
+        if index is None:
+            index = self.indexes[topic] = SelectorIndex()
+            self.plain[topic] = [c for c in subscribers if c.selector is None]
+        index.add(consumer, consumer.selector)
 
     def _drain(self, consumer: Consumer) -> None:
         """Move backlog into the window while it has room."""
@@ -191,13 +220,18 @@ class TopicEngine(Engine):
             self.outbox.add(gateway, Deliver([(conn, sub)], message))
             self.delivered += 1
         if moved:
-            self._check_live(consumer.destination)
+            self._check_live(consumer.destination, ())
 
-    def _check_live(self, topic: str) -> None:
+    def _check_live(self, topic: str, grown: Iterable[Consumer] | None = None) -> None:
         """Stop the topic's publishers when its slowest subscriber is `live_msg_high`
         behind; let them go once it is back to `live_msg_low`. The same for every
         publisher when all backlogs together reach `global_live_msg_high` or
-        `global_live_byte_high`."""
+        `global_live_byte_high`.
+
+        `grown`: the only subscribers whose backlogs may have grown since the topic was
+        last judged (None: any). While the topic has no level, every other backlog is
+        known to be below its high watermark, so a publish to a few of many subscribers
+        costs only those few."""
         before = self.global_live.armed or self.global_live_bytes.armed
         self.global_live.update(self.live_total)
         self.global_live_bytes.update(self.live_bytes)
@@ -207,7 +241,8 @@ class TopicEngine(Engine):
         level = self.live_levels.get(topic)
         if level is None and not self.topics.get(topic):
             return
-        deepest = max((len(c.pending) for c in self.topics.get(topic, ())), default=0)
+        judged = self.topics.get(topic, ()) if level is not None or grown is None else grown
+        deepest = max((len(c.pending) for c in judged), default=0)
         if level is None:
             mark = self.live_mark_for(topic)
             if not mark.enabled or deepest < mark.high:
@@ -378,9 +413,18 @@ class TopicEngine(Engine):
             for entry in consumer.pending:
                 message = self._unstub(entry, read=False)  # (changes live_bytes first)
                 self.live_bytes -= message.size
-            subscribers = self.topics[consumer.destination]
+            topic = consumer.destination
+            subscribers = self.topics[topic]
             subscribers.remove(consumer)
+            index = self.indexes.get(topic)
+            if index is not None:
+                if consumer.selector is None:
+                    self.plain[topic].remove(consumer)
+                else:
+                    index.remove(consumer)
+                    if not len(index):
+                        del self.indexes[topic], self.plain[topic]
             if not subscribers:
-                del self.topics[consumer.destination]
+                del self.topics[topic]
         for topic in {c.destination for c in consumers}:
-            self._check_live(topic)
+            self._check_live(topic, ())

@@ -32,7 +32,14 @@ import msgspec
 from mpbroker.admin import DurableRow
 from mpbroker.clock import epoch_ms
 from mpbroker.config import Config
-from mpbroker.engine import ConsumerKey, Outbox, QueueEffects, QueueEngine, StoredRef, TopicEngine
+from mpbroker.engine import (
+    ConsumerKey,
+    Outbox,
+    QueueEffects,
+    QueueEngine,
+    StoredRef,
+    TopicEngine,
+)
 from mpbroker.flow import FlowTracker, expired_log_line, expiry_policies
 from mpbroker.records import (
     Ack,
@@ -52,6 +59,7 @@ from mpbroker.records import (
     Unsubscribe,
     message_size,
 )
+from mpbroker.selector import Selector, SelectorError, SelectorIndex, compile_selector
 from mpbroker.stores import CommitBuffer, StoreError, TopicStore
 
 from ._persistence import refuse_unstored
@@ -76,6 +84,28 @@ def _subscription(queue: str) -> str:
 
 def _by_subscription(refs: list[StoredRef]) -> list[tuple[str, int]]:
     return [(_subscription(queue), seq) for queue, seq in refs]
+
+
+def _text(selector: Selector | None) -> str:
+    return "" if selector is None else selector.text
+
+
+def _stored_selector(name: str, text: str | None) -> Selector | None:
+    """A stored subscription's selector. One this version cannot compile (stored by
+    another) selects everything, loudly: keeping too much beats losing messages."""
+    if not text:
+        return None
+    try:
+        return compile_selector(text)
+    except SelectorError as exc:
+        log.error(
+            "durable subscription %r: stored selector %r no longer compiles (%s); "
+            "it selects every message until it subscribes again",
+            name,
+            text,
+            exc,
+        )
+        return None
 
 
 # A buffered persistent publish: the gateway, the SEND, the subscriptions it is kept for.
@@ -191,6 +221,8 @@ class TopicPersistence:
 class _Durable:
     name: str
     topic: str
+    # Its JMS selector: only the messages it selects are kept for it (None: all).
+    selector: Selector | None = None
     consumer: ConsumerKey | None = None
     replaying: bool = False
     request_id: int = 0  # the batch we wait for (0: none asked)
@@ -228,10 +260,14 @@ class Durables:
         self.persistence = TopicPersistence(
             store, outbox, config, lambda name: name in self.subs, self._stored
         )
-        self.subs = {name: _Durable(name, topic) for name, topic in store.subscriptions().items()}
-        self.by_topic: dict[str, set[str]] = {}
-        for d in self.subs.values():
-            self.by_topic.setdefault(d.topic, set()).add(d.name)
+        self.subs: dict[str, _Durable] = {}
+        # Per topic: the subscriptions that want every message, and an index of those
+        # with a selector (a publish tests only the ones its indexed values select).
+        self.unfiltered: dict[str, set[str]] = {}
+        self.selective: dict[str, SelectorIndex[str]] = {}
+        selectors = store.selectors()
+        for name, topic in store.subscriptions().items():
+            self._register(_Durable(name, topic, _stored_selector(name, selectors.get(name))))
         self.active: dict[ConsumerKey, str] = {}
         self.replaying: set[str] = set()
         # Records for our replay worker (`take_replay_records`).
@@ -353,7 +389,7 @@ class Durables:
 
     def _publish(self, gateway: int, record: Send) -> None:
         message = record.message
-        names = self.by_topic.get(message.destination)
+        names = self._selecting(message)
         if not names:
             self.topics.handle(gateway, record)
             return
@@ -422,7 +458,8 @@ class Durables:
 
     def _subscribe(self, gateway: int, record: Subscribe, name: str) -> None:
         key = (gateway, record.conn, record.sub)
-        queue_record = msgspec.structs.replace(record, destination=durable_queue(name))
+        # Its queue holds only what the selector selected: its consumer selects all of it.
+        queue_record = msgspec.structs.replace(record, destination=durable_queue(name), selector="")
         d = self.subs.get(name)
         if d is not None and d.consumer is not None:
             if d.consumer == key:
@@ -439,12 +476,23 @@ class Durables:
                 ),
             )
             return
-        if d is None or d.topic != record.destination:
+        selector = compile_selector(record.selector) if record.selector else None
+        if d is None or d.topic != record.destination or _text(d.selector) != record.selector:
             if d is not None:
-                # The same name on another topic replaces the old subscription.
+                # The same name on another topic, or with another selector, replaces the
+                # old subscription and drops its backlog (JMS 1.1, 6.11.1).
+                log.info(
+                    "durable subscription %r on %s with selector %r replaced by one on %s "
+                    "with selector %r",
+                    name,
+                    d.topic,
+                    _text(d.selector),
+                    record.destination,
+                    record.selector,
+                )
                 self._remove(d)
             try:
-                self.store.subscribe(name, record.destination)
+                self.store.subscribe(name, record.destination, record.selector)
             except StoreError as exc:
                 self.outbox.add(
                     gateway,
@@ -456,13 +504,47 @@ class Durables:
                     ),
                 )
                 return
-            d = self.subs[name] = _Durable(name, record.destination)
-            self.by_topic.setdefault(d.topic, set()).add(name)
-            log.info("durable subscription %r on %s created", name, d.topic)
+            d = _Durable(name, record.destination, selector)
+            self._register(d)
+            log.info(
+                "durable subscription %r on %s created%s",
+                name,
+                d.topic,
+                f" with selector {record.selector!r}" if selector else "",
+            )
         self.queues.handle(gateway, queue_record)
         d.consumer = key
         self.active[key] = name
         self._replay_from(d, [0] * PRIORITIES)
+
+    def _register(self, d: _Durable) -> None:
+        self.subs[d.name] = d
+        if d.selector is None:
+            self.unfiltered.setdefault(d.topic, set()).add(d.name)
+        else:
+            self.selective.setdefault(d.topic, SelectorIndex()).add(d.name, d.selector)
+
+    def _unregister(self, d: _Durable) -> None:
+        del self.subs[d.name]
+        names = self.unfiltered.get(d.topic)
+        if names is not None:
+            names.discard(d.name)
+            if not names:
+                del self.unfiltered[d.topic]
+        index = self.selective.get(d.topic)
+        if index is not None:
+            index.remove(d.name)
+            if not len(index):
+                del self.selective[d.topic]
+
+    def _selecting(self, message: Message) -> set[str]:
+        """The durable subscriptions that want `message` (on its topic, selected)."""
+        topic = message.destination
+        names = self.unfiltered.get(topic, set())
+        index = self.selective.get(topic)
+        if index is None:
+            return names
+        return names.union(index.matching(message))
 
     def _departed(self, removed: ConsumerKey | None = None) -> None:
         """Subscriptions whose subscriber went away become inactive (`removed`: that
@@ -493,10 +575,7 @@ class Durables:
     def _remove(self, d: _Durable) -> None:
         if d.consumer is not None:
             self._deactivate(d)
-        del self.subs[d.name]
-        self.by_topic[d.topic].discard(d.name)
-        if not self.by_topic[d.topic]:
-            del self.by_topic[d.topic]
+        self._unregister(d)
         try:
             dropped = self.store.unsubscribe(d.name, epoch_ms())
         except StoreError as exc:

@@ -9,10 +9,12 @@ dispatch goes to disk at once, and each batch pages out at most `temp_store.page
 of those already waiting (at the throttle level: until none is left in memory), so paging
 never stalls delivery and never takes a whole queue in one go.
 
-A paged message's headers and body go to disk; what stays in memory is what order and
-expiry need (id, priority, expiry, size, delivery count: ~300 B, measured), so a long
-paged backlog costs little memory. (WebLogic keeps the headers in memory for selectors;
-the broker has no selectors yet -- when it has, a paged entry keeps the headers they read.)
+A paged message's body goes to disk (with a copy of its headers, what the page reads
+back); what stays in memory is what order and expiry need (id, priority, expiry, size,
+delivery count: ~300 B, measured) and, in a queue, its headers, which selectors read (as
+WebLogic keeps them): a consumer arriving with a selector scans the backlog without
+reading a body back. A topic decides who gets a message when it is published, so its
+paged entries keep no headers.
 
 The temp store's limit is the only thing that stops producers of non-persistent messages
 for memory then (those global byte marks start paging instead): a full temp store stops

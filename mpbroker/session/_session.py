@@ -49,6 +49,7 @@ from mpbroker.records import (
     message_size,
 )
 from mpbroker.routing import Topology, UnknownDestination, parse_destination
+from mpbroker.selector import SelectorError, compile_selector
 from mpbroker.stomp import (
     SUPPORTED_VERSIONS,
     Frame,
@@ -114,6 +115,7 @@ class _Subscription:
     # b"MESSAGE\nsubscription:<id>\n", escaped for the connection's version.
     message_prefix: bytes
     durable: str = ""
+    selector: str = ""
 
 
 _MESSAGE_LINE = b"MESSAGE\n"
@@ -447,6 +449,7 @@ class GatewaySession:
             + b"subscription:%s\n" % escape_header_value(sub_id, self._version).encode()
         )
         durable = self._durable_name(frame, kind, sub_id)
+        selector = self._selector(frame)
         sub = _Subscription(
             next(self._handles),
             sub_id,
@@ -456,6 +459,7 @@ class GatewaySession:
             prefetch,
             prefix,
             durable,
+            selector,
         )
         self._subs_by_id[sub_id] = sub
         self._subs[sub.handle] = sub
@@ -470,8 +474,28 @@ class GatewaySession:
                 prefetch,
                 receipt,
                 durable,
+                selector,
             ),
         )
+
+    def _selector(self, frame: Frame) -> str:
+        """The SUBSCRIBE's JMS message selector, checked here so a bad one is refused
+        before anything is subscribed ("" when absent or blank: everything is selected,
+        as in ActiveMQ). The pipeline compiles it again for itself."""
+        text = frame.headers.get("selector", "")
+        if not text.strip():
+            return ""
+        limit = self.config.selectors.max_length
+        if len(text) > limit:
+            raise SessionError(
+                f"selector too long: {len(text)} characters, selectors.max_length is {limit}",
+                "Nothing was subscribed.",
+            )
+        try:
+            compile_selector(text)
+        except SelectorError as exc:
+            raise SessionError(str(exc), "Nothing was subscribed.") from None
+        return text
 
     def _durable_name(self, frame: Frame, kind: str, sub_id: str) -> str:
         """The durable subscription a SUBSCRIBE asks for, as "<client-id>/<name>", or "".
@@ -699,6 +723,7 @@ class GatewaySession:
                     sub.ack_mode,
                     sub.prefetch,
                     durable=sub.durable,
+                    selector=sub.selector,
                 )
                 self._records.append((pipeline, record))
         for token, pending in list(self._pending_receipts.items()):

@@ -81,10 +81,11 @@ _SELECT_MESSAGE: Final = (
     "SELECT seq, message_id, destination, headers, body, timestamp_ms, priority, expires_ms,"
     " size, encoding FROM messages"
 )
-# Everything but headers and body: the index entry of a paged message (see live(full=)).
+# Everything but the body: the index entry of a paged message (see live(full=)). The
+# headers come too: selectors read them without reading the body back.
 _SELECT_INDEX: Final = (
-    "SELECT seq, message_id, destination, timestamp_ms, priority, expires_ms, size, encoding"
-    " FROM messages"
+    "SELECT seq, message_id, destination, headers, timestamp_ms, priority, expires_ms, size,"
+    " encoding FROM messages"
 )
 _INSERT_SETTLEMENT: Final = (
     "INSERT OR IGNORE INTO settlements (seq, outcome, at_ms) VALUES (?, ?, ?)"
@@ -129,7 +130,7 @@ def message_from_row(row: MessageRow, deliveries: int) -> Message:
     )
 
 
-IndexRow = tuple[int, str, str, int, int, int, int, str]
+IndexRow = tuple[int, str, str, bytes, int, int, int, int, str]
 _Row = TypeVar("_Row", MessageRow, IndexRow)
 
 
@@ -559,7 +560,7 @@ class MessageStore:
         """Every unsettled message in delivery order: priority DESC, then seq ASC.
 
         With `full=N` only the first N come whole; the others come paged (`paged=True`,
-        empty body and headers) and their bodies and headers are never read, so a restart
+        empty body, headers kept for selectors) and their bodies are never read, so a restart
         with a huge backlog holds only index entries in memory, plus the N bodies the queue
         engine keeps cached (`index_cache_entries`). Read a paged one back with `read()`.
         """
@@ -636,12 +637,22 @@ class MessageStore:
         return StoredMessage(row[0], message_from_row(row, deliveries), deliveries)
 
     def _paged(self, row: IndexRow) -> StoredMessage:
-        seq, message_id, destination, timestamp_ms, priority, expires_ms, size, encoding = row
+        (
+            seq,
+            message_id,
+            destination,
+            headers,
+            timestamp_ms,
+            priority,
+            expires_ms,
+            size,
+            encoding,
+        ) = row
         deliveries = self._deliveries.get(seq, 0)
         message = Message(
             message_id=message_id,
             destination=destination,
-            headers={},
+            headers=_decode_headers(headers),
             body=b"",
             timestamp_ms=timestamp_ms,
             persistent=True,

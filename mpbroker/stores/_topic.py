@@ -5,7 +5,8 @@ partition's :class:`MessageStore` (``data_dir/pubsub-0``), however many durable 
 it goes to. Who still owes an ack for it is kept apart, in the registry file
 (``data_dir/pubsub-0-durable.db``)::
 
-    subscriptions(name PK, destination, created_ms)    durable name -> topic
+    subscriptions(name PK, destination, created_ms,    durable name -> topic
+                  selector)                            and its JMS selector ('' = none)
     pending(sub, seq, deliveries, priority)            one row per (subscription, message)
         PK (sub, seq); index (sub, priority, seq)      a backlog in delivery order
 
@@ -101,10 +102,17 @@ def _m0003_pending_priority(db: sqlite_utils.Database) -> None:
     db.execute("CREATE INDEX pending_sub_priority ON pending(sub, priority, seq, deliveries)")
 
 
+def _m0004_subscription_selector(db: sqlite_utils.Database) -> None:
+    # A durable subscription's selector is part of it: only what it selects is stored for
+    # it, across restarts. Subscriptions made before selectors existed select everything.
+    db.execute("ALTER TABLE subscriptions ADD COLUMN selector TEXT NOT NULL DEFAULT ''")
+
+
 REGISTRY_MIGRATIONS: Final[tuple[Migration, ...]] = (
     ("0001_subscriptions", _m0001_subscriptions),
     ("0002_pending", _m0002_pending),
     ("0003_pending_priority", _m0003_pending_priority),
+    ("0004_subscription_selector", _m0004_subscription_selector),
 )
 _KNOWN: Final = frozenset(name for name, _ in REGISTRY_MIGRATIONS)
 
@@ -205,9 +213,11 @@ class TopicStore:
         self._conn: sqlite3.Connection = db.conn
         try:
             # Subscriptions only (a handful), never anything per message.
-            self._subscriptions: dict[str, str] = dict(
-                self._conn.execute("SELECT name, destination FROM subscriptions").fetchall()
-            )
+            rows = self._conn.execute(
+                "SELECT name, destination, selector FROM subscriptions"
+            ).fetchall()
+            self._subscriptions: dict[str, str] = {name: topic for name, topic, _ in rows}
+            self._selectors: dict[str, str] = {name: text for name, _, text in rows if text}
             self.messages: MessageStore = MessageStore.open(self.directory, settings, clock=clock)
             """The messages themselves, one row each (settled when no pending row is left)."""
         except BaseException as exc:
@@ -261,18 +271,27 @@ class TopicStore:
         """Durable subscription name -> its topic destination."""
         return dict(self._subscriptions)
 
-    def subscribe(self, name: str, destination: str) -> None:
+    def selectors(self) -> dict[str, str]:
+        """Durable subscription name -> its JMS selector, for those that have one."""
+        return dict(self._selectors)
+
+    def subscribe(self, name: str, destination: str, selector: str = "") -> None:
         """Create or replace the durable subscription `name` (it survives restarts, even with
-        an empty backlog). Replacing keeps its pending rows: remove it first to drop them."""
+        an empty backlog) on `destination`, selecting what `selector` selects ('': all).
+        Replacing keeps its pending rows: remove it first to drop them."""
         self._write(
             "subscribe",
             lambda conn: conn.execute(
-                "INSERT OR REPLACE INTO subscriptions (name, destination, created_ms)"
-                " VALUES (?, ?, ?)",
-                (name, destination, self._now_ms()),
+                "INSERT OR REPLACE INTO subscriptions (name, destination, created_ms, selector)"
+                " VALUES (?, ?, ?, ?)",
+                (name, destination, self._now_ms(), selector),
             ),
         )
         self._subscriptions[name] = destination
+        if selector:
+            self._selectors[name] = selector
+        else:
+            self._selectors.pop(name, None)
 
     def unsubscribe(self, name: str, at_ms: int) -> int:
         """Remove the durable subscription `name` with its backlog; the number of pending rows
@@ -294,6 +313,7 @@ class TopicStore:
 
         orphans, removed = self._write("unsubscribe", work)
         self._subscriptions.pop(name, None)
+        self._selectors.pop(name, None)
         self._settle(orphans, "unsubscribed", at_ms)
         return removed
 

@@ -63,6 +63,7 @@ def test_every_setting_is_documented_and_listed_in_declaration_order() -> None:
         "queues",
         "topics",
         "transactions",
+        "selectors",
         "store",
         "replay",
         "flow",

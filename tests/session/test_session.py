@@ -403,6 +403,55 @@ def test_prefetch_size_below_one_or_not_a_number_is_an_error(value: str) -> None
     assert ">= 1" in error.headers["message"]
 
 
+def test_a_selector_travels_with_the_subscription_and_its_re_registration() -> None:
+    session = connected()
+    headers = {"id": "s", "destination": "/queue/q", "selector": "color = 'red'"}
+    session.frame_received(Frame("SUBSCRIBE", headers), NOW)
+    [(pipeline, record)] = routes(session)
+    assert isinstance(record, Subscribe)
+    assert record.selector == "color = 'red'"
+    session.pipeline_restarted(pipeline)
+    [(_, again)] = routes(session)
+    assert isinstance(again, Subscribe) and again.selector == "color = 'red'"
+
+
+@pytest.mark.parametrize("blank", ["", "   "])
+def test_a_blank_selector_selects_everything(blank: str) -> None:
+    session = connected()
+    session.frame_received(
+        Frame("SUBSCRIBE", {"id": "s", "destination": "/topic/t", "selector": blank}), NOW
+    )
+    [(_, record)] = routes(session)
+    assert isinstance(record, Subscribe) and record.selector == ""
+
+
+def test_a_selector_that_does_not_parse_is_refused_and_nothing_is_subscribed() -> None:
+    session = connected()
+    headers = {
+        "id": "s",
+        "destination": "/queue/q",
+        "selector": "color = 'red' AND",
+        "receipt": "r",
+    }
+    session.frame_received(Frame("SUBSCRIBE", headers), NOW)
+    assert routes(session) == []
+    error = error_of(session)
+    assert error.headers["message"].startswith("selector error at column ")
+    assert "AND" in error.headers["message"]
+    assert error.headers["receipt-id"] == "r"
+    assert error.body == b"Nothing was subscribed.\n"
+
+
+def test_a_selector_longer_than_max_length_is_refused() -> None:
+    session = connected(config=replace_settings(Config(), "selectors", max_length=10))
+    headers = {"id": "s", "destination": "/queue/q", "selector": "a = 'long text'"}
+    session.frame_received(Frame("SUBSCRIBE", headers), NOW)
+    assert routes(session) == []
+    assert error_of(session).headers["message"] == (
+        "selector too long: 15 characters, selectors.max_length is 10"
+    )
+
+
 def test_subscribe_with_an_id_already_in_use_is_an_error() -> None:
     session = connected()
     subscribed(session, "dup")

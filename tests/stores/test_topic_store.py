@@ -324,11 +324,27 @@ def test_migrates_pending_rows_written_without_a_priority(tmp_path: Path) -> Non
     finally:
         conn.close()
     assert applied == [name for name, _ in REGISTRY_MIGRATIONS]
-    assert applied[-1] == "0003_pending_priority"
+    assert applied[-1] == "0004_subscription_selector"
     with open_reader(tmp_path) as reader:
         got = batch(reader, "a")
         assert [(m.seq, m.deliveries) for m in got.messages] == [(s4, 0), (s1, 0), (s2, 1), (s3, 0)]
         assert got.scanned_upto == at(s4, 9, at(s3)) and not got.more
+    with open_topic(tmp_path) as store:
+        # Subscriptions made before selectors existed select everything.
+        assert store.selectors() == {}
+
+
+def test_a_subscription_keeps_its_selector_across_restarts(tmp_path: Path) -> None:
+    with open_topic(tmp_path) as store:
+        store.subscribe("a", "/topic/t", "color = 'red'")
+        store.subscribe("b", "/topic/t")
+        store.subscribe("c", "/topic/t", "x > 1")
+        store.subscribe("c", "/topic/t")  # replaced without one
+    with open_topic(tmp_path) as store:
+        assert store.selectors() == {"a": "color = 'red'"}
+        assert store.subscriptions() == {"a": "/topic/t", "b": "/topic/t", "c": "/topic/t"}
+        store.unsubscribe("a", 10)
+        assert store.selectors() == {}
 
 
 def test_foreign_or_newer_registry_refused(tmp_path: Path) -> None:
