@@ -110,6 +110,7 @@ def test_config_show_prints_toml_that_reads_back_as_the_same_config(
         "queues",
         "topics",
         "transactions",
+        "selectors",
         "store",
         "replay",
         "flow",

@@ -179,7 +179,7 @@ class Engine(ABC):
                 key = (gateway, record.conn, record.sub)
                 # Re-registration after a pipeline restart may repeat a Subscribe still in
                 # the ring: keep the consumer we have.
-                selector = self._selector(gateway, record)
+                selector = self.selector_of(gateway, record)
                 if record.selector and selector is None:
                     return
                 # The receipt goes first: what the subscription is handed at once (a
@@ -212,9 +212,10 @@ class Engine(ABC):
             case _:
                 raise ValueError(f"{self.role} pipeline cannot handle {type(record).__name__}")
 
-    def _selector(self, gateway: int, record: Subscribe) -> Selector | None:
-        """The subscription's compiled selector (None: none). The gateway checked it, so a
-        refusal here means the two disagree: refused all the same, never ignored."""
+    def selector_of(self, gateway: int, record: Subscribe) -> Selector | None:
+        """The subscription's compiled selector (None: none, or refused). The gateway
+        checked it, so a refusal here means the two disagree: refused all the same (a
+        Refuse to the subscriber), never ignored."""
         if not record.selector:
             return None
         try:

@@ -24,7 +24,7 @@ from mpbroker.records import (
 from mpbroker.selector import Selector, SelectorIndex
 
 from ._common import Consumer, Engine, Outbox, no_byte_window
-from ._pending import Pending
+from ._pending import IndexedPending, Pending
 
 # (queue name, store seq) of a stored message the engine is done with.
 StoredRef = tuple[str, int]
@@ -113,6 +113,9 @@ class _Queue:
     lanes_of: dict[int, list[_Lane]] = field(default_factory=dict)
     # Messages held: pending plus delivered-but-unsettled.
     held_messages: int = 0
+    # Which of the lanes that can take a message is offered it first: turns, so that
+    # consumers with different (overlapping) selectors share the messages they all select.
+    turn: int = 0
 
     def __post_init__(self) -> None:
         self.plain = _Lane(None, self.pending)
@@ -131,11 +134,12 @@ class _Queue:
                 for lane in lanes:
                     lane.pending.append(message)
 
-    def add_waiting_at_head(self, messages: list[Message]) -> None:
-        """Messages come back, to the head of their priorities, in their order."""
+    def add_waiting_at_head(self, messages: list[Message]) -> list[_Lane]:
+        """Messages come back, to the head of their priorities, in their order; returns
+        the selector lanes that got some of them."""
         self.pending.extendleft(messages)
         if not self.lanes:
-            return
+            return []
         back: dict[int, tuple[_Lane, list[Message]]] = {}
         for message in messages:
             lanes = self.index.matching(message)
@@ -145,6 +149,7 @@ class _Queue:
                     back.setdefault(id(lane), (lane, []))[1].append(message)
         for lane, selected in back.values():
             lane.pending.extendleft(selected)
+        return [lane for lane, _ in back.values()]
 
     def stop_waiting(self, message: Message, taken_from: Pending | None = None) -> None:
         """A message left `taken_from` (popped; None: from none yet): it leaves all."""
@@ -157,7 +162,10 @@ class _Queue:
 
     def open_lane(self, selector: Selector) -> _Lane:
         """A lane for a selector no consumer of the queue had: one scan of the backlog."""
-        lane = self.lanes[selector.text] = _Lane(selector, Pending())
+        if not isinstance(self.pending, IndexedPending):
+            # The first selector: messages must now leave `pending` from the middle too.
+            self.pending = self.plain.pending = IndexedPending(self.pending)
+        lane = self.lanes[selector.text] = _Lane(selector, IndexedPending())
         matches = selector.matches
         for message in self.pending:
             if matches(message):
@@ -184,6 +192,12 @@ def _discard(queue: str) -> ExpiryPolicy:
 
 def _is_dead_letter_queue(destination: str, prefix: str) -> bool:
     return destination.startswith("/queue/" + prefix)
+
+
+def _paged_body_bytes(message: Message) -> int:
+    """The size of a paged message's body (on disk): its size less what stayed in memory
+    (its header text)."""
+    return message.size - message_size(message)
 
 
 def _redelivery(message: Message) -> Message:
@@ -236,9 +250,10 @@ class QueueEngine(Engine):
         self.cached_bytes = 0
         # Flow-to-disk of non-persistent messages: with a `pager` (the temp store), while
         # `paging` is on (the worker's paging decision) every message left waiting after
-        # dispatch is paged out (headers and body to disk; in memory only what order and
-        # expiry need, ~300 B), and `page_out` moves those already waiting. `held_bytes`
-        # counts only what is in memory; `paged_bytes` the sizes of the others.
+        # dispatch is paged out (its body to disk; in memory what order and expiry need,
+        # and its headers, which selectors read), and `page_out` moves those already
+        # waiting. `held_bytes` counts what is in memory (a paged message's header text
+        # included); `paged_bytes` the bodies on disk.
         self.pager = pager
         self.paging = False
         self.paged_bytes = 0
@@ -317,10 +332,10 @@ class QueueEngine(Engine):
         if flow is not None:
             flow.add(name, 1, message.size)
         # Only the lanes holding it can deliver it (every ready consumer's lane was empty).
-        self._drain(queue, queue.plain)
         if queue.lanes_of:
-            for lane in queue.lanes_of.get(id(message), ()):
-                self._drain(queue, lane)
+            self._dispatch(queue, queue.lanes_of.get(id(message), []))
+        else:
+            self._drain(queue, queue.plain)
         # Still waiting after dispatch, while memory is short: its body goes to disk.
         if (
             self.paging
@@ -338,10 +353,11 @@ class QueueEngine(Engine):
         # The message is ours alone while it waits: changed in place (it stays where it
         # waits). Its destination is its queue's name: one string for all of them. The
         # headers stay: selectors read them without a trip to the temp store.
+        body_bytes = len(message.body)
         message.body = b""
         message.destination = queue
         message.temp_key = key
-        self._paged(queue, message.size)
+        self._paged(queue, body_bytes)
         return True
 
     def _paged(self, queue: str, nbytes: int) -> None:
@@ -369,7 +385,7 @@ class QueueEngine(Engine):
             for message in queue.pending.paging_candidates():
                 if not self._page(queue.name, message):
                     return paged
-                paged += message.size
+                paged += _paged_body_bytes(message)
                 if paged >= max_bytes:
                     return paged
         return paged
@@ -403,7 +419,7 @@ class QueueEngine(Engine):
         if message.temp_key:
             assert self.pager is not None
             self.pager.drop(message.temp_key)
-            self._unpaged(queue, message.size)
+            self._unpaged(queue, _paged_body_bytes(message))
             return msgspec.structs.replace(message, temp_key=0)
         if message.seq and not message.paged and self.index_cache is not None:
             self.cached -= 1
@@ -416,7 +432,7 @@ class QueueEngine(Engine):
         if message.temp_key:
             assert self.pager is not None
             headers, body = decode_page(self.pager.take(message.temp_key))
-            self._unpaged(queue, message.size)
+            self._unpaged(queue, _paged_body_bytes(message))
             return msgspec.structs.replace(message, headers=headers, body=body, temp_key=0)
         if not message.seq:
             return message
@@ -458,6 +474,7 @@ class QueueEngine(Engine):
         from one can never be handed to another that is going away too.
         """
         touched: dict[str, _Queue] = {}
+        refilled: dict[str, list[_Lane]] = {}
         for consumer in consumers:
             queue = self.queues[consumer.destination]
             queue.consumers.remove(consumer)
@@ -474,25 +491,28 @@ class QueueEngine(Engine):
                 # once, so they come back.
                 self._forget(queue, [m for m in unsettled if not m.persistent])
                 unsettled = [m for m in unsettled if m.persistent]
-            self._requeue(queue, unsettled)
+            refilled.setdefault(queue.name, []).extend(self._requeue(queue, unsettled))
         for queue in touched.values():
-            self._dispatch(queue)
+            # Only lanes that got messages back can have new work (nobody else got room).
+            self._dispatch(queue, refilled.get(queue.name, []))
             self._drop_if_idle(queue)
 
     def _settled(self, consumer: Consumer, messages: list[Message], *, nack: bool) -> None:
         queue = self.queues[consumer.destination]
         if nack:
-            self._requeue(queue, messages)
-            self._dispatch(queue)
+            refilled = self._requeue(queue, messages)
+            own = queue.lane(consumer)
+            self._dispatch(queue, [*refilled, own] if own.selector else refilled)
         else:
             # Settled messages leave the store; the consumer's window has room again
             # (and only its lane can have something for it).
             self._forget(queue, messages)
             self._drain(queue, queue.lane(consumer))
 
-    def _requeue(self, queue: _Queue, messages: list[Message]) -> None:
+    def _requeue(self, queue: _Queue, messages: list[Message]) -> list[_Lane]:
         """Delivered messages come back to the head of the queue, in their order; one
-        returned more than `max_redeliveries` times goes to the dead-letter queue."""
+        returned more than `max_redeliveries` times goes to the dead-letter queue. Returns
+        the selector lanes that got some back."""
         limit = self.settings.max_redeliveries
         prefix = self.settings.dead_letter_prefix
         back: list[Message] = []
@@ -511,7 +531,7 @@ class QueueEngine(Engine):
         if self.index_cache is not None:
             # Back with their bodies: they count in the cache again.
             self.cached += sum(1 for m in back if m.seq)
-        queue.add_waiting_at_head(back)
+        return queue.add_waiting_at_head(back)
 
     def _dead_letter_queue(self, queue: str) -> str:
         return f"/queue/{self.settings.dead_letter_prefix}{queue[len('/queue/') :]}"
@@ -645,11 +665,20 @@ class QueueEngine(Engine):
             )
             self._move(queue, message, copy, "expired")
 
-    def _dispatch(self, queue: _Queue) -> None:
-        """Hand waiting messages to ready consumers, every lane (messages came back)."""
-        self._drain(queue, queue.plain)
-        for lane in list(queue.lanes.values()):
-            self._drain(queue, lane)
+    def _dispatch(self, queue: _Queue, lanes: list[_Lane]) -> None:
+        """Hand waiting messages to ready consumers: the plain lane's and `lanes`' (with
+        their turns: see `_Queue.turn`)."""
+        if not lanes:
+            self._drain(queue, queue.plain)
+            return
+        groups = list(dict.fromkeys(lanes))
+        if queue.plain.consumers:
+            groups.insert(0, queue.plain)
+        start = queue.turn % len(groups)
+        queue.turn += 1
+        for lane in groups[start:] + groups[:start]:
+            if lane.selector is None or queue.lanes.get(lane.selector.text) is lane:
+                self._drain(queue, lane)
 
     def _drain(self, queue: _Queue, lane: _Lane) -> None:
         """Hand a lane's waiting messages to its ready consumers, round robin."""

@@ -88,6 +88,10 @@ class TopicEngine(Engine):
         # match). Topics without selectors have neither.
         self.plain: dict[str, list[Consumer]] = {}
         self.indexes: dict[str, SelectorIndex[Consumer]] = {}
+        # Per topic, the subscribers with a backlog: all that judging its live buffer (or
+        # paging it) needs to look at, however many subscribers it has.
+        # (Dicts as ordered sets: paging takes ties in the order backlogs formed.)
+        self.backlogged: dict[str, dict[Consumer, None]] = {}
         # The live buffer's watermarks, per topic, on its slowest subscriber's backlog:
         # a level exists only while a topic is near or over its high watermark.
         self.live_mark = Watermark(settings.live_msg_high, settings.live_msg_low)
@@ -163,6 +167,8 @@ class TopicEngine(Engine):
                 if self.paging and stub is None:
                     stub = self._stub(message, consumer.destination) or message
                 entry = stub or message
+                if not consumer.pending:
+                    self.backlogged.setdefault(topic, {})[consumer] = None
                 consumer.pending.append(entry)
                 self.live_total += 1
                 self.live_bytes += message.size
@@ -190,6 +196,7 @@ class TopicEngine(Engine):
             )
             self.live_total += len(messages)
             self.live_bytes += sum(m.size for m in messages)
+            self.backlogged.setdefault(consumer.destination, {})[consumer] = None
         self._drain(consumer)
         if nack:
             self._check_live(consumer.destination, [consumer])
@@ -220,7 +227,18 @@ class TopicEngine(Engine):
             self.outbox.add(gateway, Deliver([(conn, sub)], message))
             self.delivered += 1
         if moved:
+            if not consumer.pending:
+                self._caught_up(consumer)
             self._check_live(consumer.destination, ())
+
+    def _caught_up(self, consumer: Consumer) -> None:
+        """`consumer` has no backlog any more."""
+        topic = consumer.destination
+        backlogged = self.backlogged.get(topic)
+        if backlogged is not None:
+            backlogged.pop(consumer, None)
+            if not backlogged:
+                del self.backlogged[topic]
 
     def _check_live(self, topic: str, grown: Iterable[Consumer] | None = None) -> None:
         """Stop the topic's publishers when its slowest subscriber is `live_msg_high`
@@ -241,7 +259,7 @@ class TopicEngine(Engine):
         level = self.live_levels.get(topic)
         if level is None and not self.topics.get(topic):
             return
-        judged = self.topics.get(topic, ()) if level is not None or grown is None else grown
+        judged = self.backlogged.get(topic, ()) if level is not None or grown is None else grown
         deepest = max((len(c.pending) for c in judged), default=0)
         if level is None:
             mark = self.live_mark_for(topic)
@@ -310,10 +328,7 @@ class TopicEngine(Engine):
         paged ones are not looked at, so a long paged backlog is not scanned again."""
         if self.pager is None:
             return 0
-        by_topic: dict[str, list[Consumer]] = {}
-        for consumer in self.consumers.values():
-            if consumer.pending:
-                by_topic.setdefault(consumer.destination, []).append(consumer)
+        by_topic = {topic: list(backlogs) for topic, backlogs in self.backlogged.items()}
         freed = 0
         for backlogs in sorted(
             by_topic.values(), key=lambda cs: sum(len(c.pending) for c in cs), reverse=True
@@ -413,6 +428,7 @@ class TopicEngine(Engine):
             for entry in consumer.pending:
                 message = self._unstub(entry, read=False)  # (changes live_bytes first)
                 self.live_bytes -= message.size
+            self._caught_up(consumer)
             topic = consumer.destination
             subscribers = self.topics[topic]
             subscribers.remove(consumer)

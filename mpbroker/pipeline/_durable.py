@@ -476,7 +476,9 @@ class Durables:
                 ),
             )
             return
-        selector = compile_selector(record.selector) if record.selector else None
+        selector = self.queues.selector_of(gateway, record)
+        if record.selector and selector is None:
+            return  # refused
         if d is None or d.topic != record.destination or _text(d.selector) != record.selector:
             if d is not None:
                 # The same name on another topic, or with another selector, replaces the
@@ -573,6 +575,10 @@ class Durables:
         d.skip = set()
 
     def _remove(self, d: _Durable) -> None:
+        # Publishes still in the commit buffer were picked for this subscription: stored
+        # now, they go with it. (Left there, their rows would go to a subscription made
+        # under the same name afterwards, whose selector or topic may not want them.)
+        self.persistence.commit()
         if d.consumer is not None:
             self._deactivate(d)
         self._unregister(d)

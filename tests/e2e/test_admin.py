@@ -82,7 +82,10 @@ def test_flow_shows_a_full_consumer_not_ready_and_a_held_producer(
         check=True,
     ).stdout
     assert "/queue/watched" in out and "msg_high 3" in out
-    assert any(line.split()[-1] == "no" for line in out.splitlines() if line.startswith("/queue"))
+    # ... ready "no", then its selector ("-": none).
+    assert any(
+        line.split()[-2:] == ["no", "-"] for line in out.splitlines() if line.startswith("/queue")
+    )
 
 
 def test_admin_command_says_when_no_broker_answers() -> None:

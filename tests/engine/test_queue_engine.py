@@ -959,19 +959,9 @@ class PagingQueueEngineMachine(QueueEngineMachine):
             assert (message.body, message.headers) == (b"", original.headers)
             assert decode_page(self.pager.bodies[key]) == (original.headers, original.body)
         assert self.engine.paged_messages == len(keys)
-        assert self.engine.paged_bytes == sum(m.size for m in keys.values())
-
-    @invariant()
-    def held_accounting_matches_the_contents(self) -> None:
-        # A paged message's size counts in paged_bytes, not in held_bytes (the headers it
-        # keeps in memory are not counted: what paging is judged by is the bodies it moves).
-        total = 0
-        for queue in self.engine.queues.values():
-            unacked = [m for c in queue.consumers for m in c.unacked.values()]
-            assert queue.held_messages == len(queue.pending) + len(unacked)
-            in_memory = [m for m in queue.pending if not m.temp_key]
-            total += sum(message_size(m) for m in [*in_memory, *unacked])
-        assert self.engine.held_bytes == total
+        # What is on disk: the bodies. (The header text stays in memory, in held_bytes:
+        # message_size of a paged message counts it, and the base invariant checks that.)
+        assert self.engine.paged_bytes == sum(m.size - message_size(m) for m in keys.values())
 
 
 PagingQueueEngineMachine.TestCase.settings = QueueEngineMachine.TestCase.settings

@@ -133,6 +133,34 @@ def test_a_plain_consumer_and_a_selector_consumer_share_a_queue() -> None:
     assert set(got.get(1, [])) <= {"u1", "u2"}
 
 
+def test_consumers_with_overlapping_selectors_share_what_they_both_select() -> None:
+    # Found in review: the plain lane (or the older lane) took everything while it had room.
+    for first, second in (("", "k = 'a'"), ("k = 'a'", ""), ("k IN ('a', 'b')", "k = 'a'")):
+        engine = queue_engine()
+        engine.handle(GW, subscribe(1, first))
+        engine.handle(GW, subscribe(2, second))
+        engine.outbox.take()
+        publish(engine, *(message(f"m{i}", k="a") for i in range(50)))
+        got = delivered_to(engine)
+        assert sorted(got) == [1, 2] and len(got[1]) + len(got[2]) == 50, (first, second)
+        assert abs(len(got[1]) - len(got[2])) <= 2, (first, second, got)
+
+
+def test_a_nack_looks_only_at_the_lanes_that_get_messages_back() -> None:
+    engine = queue_engine()
+    for sub in range(50):
+        engine.handle(GW, subscribe(sub, f"k = '{sub}'", prefetch=1, ack_mode=ACK_INDIVIDUAL))
+    engine.outbox.take()
+    publish(engine, message("a", k="7"), message("b", k="7"))
+    assert delivered_to(engine) == {7: ["a"]}
+    drained: list[object] = []
+    drain = engine._drain
+    engine._drain = lambda queue, lane: (drained.append(lane), drain(queue, lane))[1]  # type: ignore[method-assign]
+    engine.handle(GW, Nack(1, 7, "a"))
+    assert delivered_to(engine) == {7: ["a"]}
+    assert len(drained) == 1  # its own lane, not all 50
+
+
 def test_a_new_selector_scans_the_backlog_in_order_with_priorities() -> None:
     engine = queue_engine()
     publish(engine, message("x1", x="1"), message("y1", y="1"))

@@ -559,6 +559,15 @@ class TopicPagingMachine(RuleBasedStateMachine):
             assert message.temp_key == 0
 
     @invariant()
+    def backlogged_lists_exactly_the_subscribers_with_a_backlog(self) -> None:
+        engine = self.engine
+        expected: dict[str, set[int]] = {}
+        for consumer in engine.consumers.values():
+            if consumer.pending:
+                expected.setdefault(consumer.destination, set()).add(id(consumer))
+        assert {t: {id(c) for c in cs} for t, cs in engine.backlogged.items()} == expected
+
+    @invariant()
     def accounting_counts_the_bodies_in_memory(self) -> None:
         engine = self.engine
         entries = [m for c in engine.consumers.values() for m in c.pending]

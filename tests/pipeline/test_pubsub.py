@@ -140,3 +140,34 @@ def test_statistics_show_topics_consumers_and_durable_subscriptions(open_pipelin
     assert len(stats.consumers) == 2
     assert stats.durable_subscriptions == [DurableRow(name="app/d", topic=TOPIC, state="replaying")]
     assert stats.temp_store is None
+
+
+def selective(selector: str, conn: int) -> Subscribe:
+    return Subscribe(conn, 1, "d", TOPIC, ACK_CLIENT, 100, durable="app/d", selector=selector)
+
+
+def test_a_durable_subscription_stores_only_what_its_selector_selects(open_pipeline: Any) -> None:
+    pipeline = open_pipeline()
+    turn(pipeline, selective("k = 'a'", 2), ConnClosed(2))
+    for n, k in enumerate("abab"):
+        message = make_message(f"m{n}", TOPIC, persistent=True, headers={"k": k})
+        turn(pipeline, Send(1, message, f"r{n}"))
+    store = pipeline.durables.store
+    assert store.backlog("app/d") == 2
+    assert store.selectors() == {"app/d": "k = 'a'"}
+
+
+def test_a_publish_buffered_before_a_selector_change_is_not_kept_for_the_new_one(
+    open_pipeline: Any,
+) -> None:
+    # Found in review: the publish was picked for the old subscription while it waited
+    # for the group commit; the new one (same name, another selector) must not inherit it.
+    pipeline = open_pipeline()
+    turn(pipeline, selective("k = 'a'", 2), ConnClosed(2))
+    message = make_message("m1", TOPIC, persistent=True, headers={"k": "a"})
+    # In one batch: the commit comes after both.
+    out = turn(pipeline, Send(1, message, "r"), selective("k = 'b'", 3))
+    assert Receipt(1, "r") in out[0]
+    store = pipeline.durables.store
+    assert store.selectors() == {"app/d": "k = 'b'"}
+    assert store.backlog("app/d") == 0
