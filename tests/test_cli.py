@@ -269,9 +269,9 @@ def test_serve_refuses_a_config_over_max_memory_before_starting_anything(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     path = tmp_path / "broker.toml"
-    # 2 MiB rings: the second largest module, and the largest alone does not cover the
+    # 8 MiB rings: among the largest modules, and the largest alone does not cover the
     # excess, so the refusal names them.
-    path.write_text('[memory]\nmax_memory = "128MiB"\n[rings]\ncapacity_bytes = "2MiB"\n')
+    path.write_text('[memory]\nmax_memory = "128MiB"\n[rings]\ncapacity_bytes = "8MiB"\n')
     data = tmp_path / "data"
     code, _, err = run(capsys, "serve", "--config", str(path), "--data-dir", str(data))
     assert code == 2

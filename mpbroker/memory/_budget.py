@@ -15,32 +15,33 @@ config on a 2-CPU machine (2 gateways, 1 p2p, 1 pubsub and 1 replay worker)::
     storage processing buffer          2 pipelines x 128 KiB                      =    256 KiB
     thread/buffer (rings)              10 rings x (1 MiB + 4 KiB)                 =  10.04 MiB
     worker statistics                  5 workers x 256 KiB                        =   1.25 MiB
-    topic live buffers                 1 pubsub worker x (4 MiB + 20000 x 400 B)  =  11.63 MiB
-    queue live buffer, persistent      1 p2p worker x (1 MiB + 1000 x 800 B
-                                           + 39000 x 400 B)                       =  16.64 MiB
-    VolQueueStore (non-persistent)     1 p2p worker x (16 MiB + 60000 x 400 B)    =  38.89 MiB
+    topic live buffers                 1 pubsub worker x (4 MiB + 20000 x 500 B)  =  13.54 MiB
+    queue live buffer, persistent      1 p2p worker x (1 MiB + 40000 x 800 B)     =  31.52 MiB
+    VolQueueStore (non-persistent)     1 p2p worker x (16 MiB + 60000 x 800 B)    =  61.78 MiB
     temp store paging step             2 pipelines x 1 MiB                        =      2 MiB
     SQLite page caches                 11 open files x 256 KiB                    =   2.75 MiB
     durable replay                     1 replay worker x 2 MiB                    =      2 MiB
     replay concurrency (thread pools)  4 replays x 256 KiB                        =    (1 MiB)
-    module budgets                                                                =  89.57 MiB
+    module budgets                                                                = 129.24 MiB
     fixed cost                         7 processes (19 MiB + 26 MiB + 2 x 6.5 MiB
                                            + 7 MiB + 7.5 MiB + 4 MiB)             =   76.5 MiB
-    theoretical maximum                                                           = 166.07 MiB
+    theoretical maximum                                                           = 205.74 MiB
 
-against `memory.max_memory` = 256 MiB: 89.93 MiB headroom (35 %) for what the config does not
+against `memory.max_memory` = 256 MiB: 50.26 MiB headroom (20 %) for what the config does not
 bound -- connections, subscriptions and their consumer windows (`config estimate`), Python's
 garbage between collections. `mpbroker config show` prints this table for any config.
 
-Half of the module budgets are message counts, not bytes: every waiting message keeps an
-entry in memory (`PER_ENTRY_BYTES`) whether its body is in memory, paged to the temp store
-or only in the store, so the global counts -- `vol_queue_store.global_msg_high` 60000,
-`pers_queue_store.global_msg_high` 40000 (those beyond the index cache),
-`topics.global_live_msg_high` 20000 -- add 45.4 MiB to the live buffer lines, which makes
-the VolQueueStore the largest module, then the persistent live buffer and the topic live
-buffers, then the rings. A count set to -1 is bounded per destination only and left out
-(its line says so). Both kinds of pipeline page to the temp store, a step each; every open
-store file has its own SQLite page cache.
+Two thirds of the module budgets are message counts, not bytes: every waiting message keeps
+an entry in memory whether its body is in memory, paged to the temp store or only in the
+store. A queue message keeps its headers too (selectors read them): its entry costs what a
+waiting message costs beyond its body (`PER_MESSAGE_BYTES`); a topic message paged out for
+slow subscribers leaves a stub without headers (`PER_ENTRY_BYTES`). So the global counts --
+`vol_queue_store.global_msg_high` 60000, `pers_queue_store.global_msg_high` 40000 (the 1000
+in the index cache among them), `topics.global_live_msg_high` 20000 -- add 85.83 MiB to the
+live buffer lines, which makes the VolQueueStore the largest module, then the persistent
+live buffer and the topic live buffers, then the rings. A count set to -1 is bounded per
+destination only and left out (its line says so). Both kinds of pipeline page to the temp
+store, a step each; every open store file has its own SQLite page cache.
 
 The fixed cost is per role (`FIXED_COST_BYTES`): the supervisor, the fork server with the
 pages every worker shares, and each worker's own memory, as measured below.
@@ -107,14 +108,21 @@ FIXED_COST_BYTES: Final[dict[str, int]] = {
 # body. Three runs gave 13.9-14.6 KiB, 9.4-9.6 KiB and 769-795 B; rounded up.
 PER_CONNECTION_BYTES: Final = 15 * KiB
 PER_SUBSCRIPTION_BYTES: Final = 10 * KiB
-# A queue message waiting in memory beyond its body: the record, its headers, its place in
-# the queue. An index entry (a stored message whose body is not cached) or a message whose
-# body was paged to the temp store keeps at most this much.
+# A queue message waiting beyond its body: the record, its headers, its place in the queue.
+# It is the same whether the body is in memory, paged to the temp store (only the body
+# leaves memory) or left in the store beyond the index cache (an index entry): the headers
+# stay, selectors read them. tracemalloc, `python -m bench.entrycost` on 2026-11-25
+# (Python 3.11, 50000 messages of 1 KB with three headers, each decoded off a Send record,
+# one plain queue): paged 680 B, index-only 738 B, in memory 743 B beyond the body (the USS
+# growth of the same loops, allocator rounding included: 748, 802-812 and 802-832 B). A
+# queue with selector consumers keeps its waiting messages in ordered maps instead: some
+# 130 B more each (809 and 867 B), left to the headroom.
 PER_MESSAGE_BYTES: Final = 800
-# A waiting message with only its entry in memory: paged to the temp store (headers and body
-# on disk), or stored beyond the index cache. tracemalloc over 50000 paged 1 KB messages
-# with three headers: 303 B each (2026-11-23); rounded up with its queue slot.
-PER_ENTRY_BYTES: Final = 400
+# A topic message waiting for a slow subscriber while its pubsub worker pages: a stub with
+# neither headers nor body (engine/_topic.py `_stub`), its page's reference count, and its
+# place in each backlog (8 B more per further slow subscriber). Measured as above: 434 B
+# (USS 463 B); the 303 B of 2026-11-23 were a queue message paged without its headers.
+PER_ENTRY_BYTES: Final = 500
 
 # The header page in front of every ring's data area (mpbroker/shm/_ring.py HEADER_BYTES): a
 # format constant, not a buffer.
@@ -322,18 +330,16 @@ def plan(config: Config) -> MemoryPlan:
     return MemoryPlan(tuple(budgets), config_process_costs(config), config.memory.max_memory)
 
 
-def _entries(
-    high: int, setting: str, where: str = "their bodies in memory or paged to disk"
-) -> tuple[int, str, str]:
-    """The entries of up to `high` waiting messages (bytes, arithmetic, why); nothing when
-    the count is off."""
+def _entries(high: int, setting: str, each: int, what: str, where: str) -> tuple[int, str, str]:
+    """The entries of up to `high` waiting messages of `each` bytes (bytes, arithmetic,
+    why); nothing when the count is off."""
     if high == -1:
         return 0, "", f"; messages are counted per destination only (set {setting} to count them)"
     return (
-        high * PER_ENTRY_BYTES,
-        f" + {high} x {PER_ENTRY_BYTES} B",
-        f"; up to {high} waiting messages ({setting}) keep an entry in memory "
-        f"({PER_ENTRY_BYTES} B each, measured), {where}",
+        high * each,
+        f" + {high} x {each} B",
+        f"; up to {high} waiting messages ({setting}) keep {what} in memory "
+        f"({each} B each, measured), {where}",
     )
 
 
@@ -343,7 +349,11 @@ def _topic_live(config: Config, pubsub: int, largest: int) -> Budget:
     paging = config.temp_store.limit_bytes != -1
     if topics.global_live_byte_high != -1:
         entries, entries_text, entries_why = _entries(
-            topics.global_live_msg_high, "topics.global_live_msg_high"
+            topics.global_live_msg_high,
+            "topics.global_live_msg_high",
+            PER_ENTRY_BYTES,
+            "an entry",
+            "their bodies and headers in memory or paged to disk",
         )
         settings = ("topics.global_live_byte_high", "topics.global_live_msg_high")
         return Budget(
@@ -384,31 +394,39 @@ def _topic_live(config: Config, pubsub: int, largest: int) -> Budget:
 
 
 def _persistent_queue(config: Config, p2p: int) -> Budget:
+    """The index cache's bodies, and the entry and headers of every waiting stored message
+    (`PER_MESSAGE_BYTES`, cached or not): as many as the store's global count lets wait,
+    at least the cache's."""
     store = config.store
     cached = store.index_cache_entries
-    each = store.index_cache_bytes + cached * PER_MESSAGE_BYTES
-    each_text = f"{format_bytes(store.index_cache_bytes)} + {cached} x {PER_MESSAGE_BYTES} B"
-    why = (
-        f"bodies of the first {cached} waiting stored messages, and their entries "
-        f"({PER_MESSAGE_BYTES} B each, measured)"
-    )
-    settings = ["store.index_cache_bytes", "store.index_cache_entries"]
     high = config.pers_queue_store.global_msg_high
-    entries, entries_text, entries_why = _entries(
-        high if high == -1 else max(0, high - cached),
-        "pers_queue_store.global_msg_high",
-        "their bodies in the store",
-    )
-    if entries:
-        settings.append("pers_queue_store.global_msg_high")
+    bodies = f"bodies of the first {cached} waiting stored messages"
+    each = f"({PER_MESSAGE_BYTES} B each, measured)"
+    if high > cached:
+        entries = high
+        settings = ("store.index_cache_bytes", "pers_queue_store.global_msg_high")
+        why = (
+            f"{bodies}; up to {high} waiting stored messages (pers_queue_store.global_msg_high) "
+            f"keep their entry and headers in memory {each}, those beyond the cache with "
+            "their bodies in the store"
+        )
+    else:
+        entries = cached
+        settings = ("store.index_cache_bytes", "store.index_cache_entries")
+        why = f"{bodies}, and their entries and headers {each}"
+        if high == -1:
+            why += (
+                "; those beyond the cache are counted per destination only (set "
+                "pers_queue_store.global_msg_high to count them)"
+            )
     return Budget(
         "queue live buffer, persistent",
-        tuple(settings),
-        each + entries,
+        settings,
+        store.index_cache_bytes + entries * PER_MESSAGE_BYTES,
         p2p,
         "p2p worker",
-        why + entries_why,
-        each_text=each_text + entries_text,
+        why,
+        each_text=f"{format_bytes(store.index_cache_bytes)} + {entries} x {PER_MESSAGE_BYTES} B",
     )
 
 
@@ -426,7 +444,11 @@ def _vol_queue(config: Config, p2p: int) -> Budget:
         each = config.queues.max_bytes
         why = "vol_queue_store.global_byte_high is off: the hard queues.max_bytes bounds them"
     entries, entries_text, entries_why = _entries(
-        vol.global_msg_high, "vol_queue_store.global_msg_high"
+        vol.global_msg_high,
+        "vol_queue_store.global_msg_high",
+        PER_MESSAGE_BYTES,
+        "their entry and headers",
+        "their bodies in memory or paged to disk",
     )
     if entries:
         settings.append("vol_queue_store.global_msg_high")

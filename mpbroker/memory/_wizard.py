@@ -31,13 +31,14 @@ The rules (the seed's, on our modules; see mpbroker/memory/_budget.py for what e
 - What the budgets have left goes to the live buffers: to queues and topics in proportion
   to their numbers; a queue's part to the VolQueueStore and the persistent live buffer
   16 : 1 (the seed's 16 MB and 1 MB). Each must hold at least one largest message.
-- Message counts: every waiting message keeps an entry in memory, paged or not
-  (`budget.PER_ENTRY_BYTES`), so the counts that stop producers (`global_msg_high` of both
-  queue stores, `topics.global_live_msg_high`) come out of the live buffers: 10 minutes of
-  messages at the rate (all of it: one busy destination is on one worker), at least 1000,
-  at most the default; lowered when they would take more than half of a worker's live
-  buffer or leave no room for one largest message. A destination's count is kept within
-  its store's.
+- Message counts: every waiting message keeps an entry in memory, paged or not -- a queue
+  message its headers too, what it costs beyond its body (`budget.PER_MESSAGE_BYTES`), a
+  topic message a stub (`budget.PER_ENTRY_BYTES`) -- so the counts that stop producers
+  (`global_msg_high` of both queue stores, `topics.global_live_msg_high`) come out of the
+  live buffers: 10 minutes of messages at the rate (all of it: one busy destination is on
+  one worker), at least 1000, at most the default; lowered when they would take more than
+  half of a worker's live buffer or leave no room for one largest message. A destination's
+  count is kept within its store's.
 """
 
 from __future__ import annotations
@@ -468,17 +469,32 @@ _COUNTS: Final = {
 }
 
 
+# What a waiting message of each section keeps in memory, and its measured cost.
+_ENTRY_BYTES: Final = {
+    "vol_queue_store": PER_MESSAGE_BYTES,
+    "pers_queue_store": PER_MESSAGE_BYTES,
+    "topics": PER_ENTRY_BYTES,
+}
+_ENTRY_TEXT: Final = {
+    "vol_queue_store": "its entry and headers",
+    "pers_queue_store": "its entry and headers",
+    "topics": "an entry",
+}
+
+
 def _backlog(inputs: WizardInputs) -> int:
     """The message counts the rate asks for, before the defaults and the memory cap them."""
     return max(MIN_BACKLOG, math.ceil(inputs.rate_per_s * BACKLOG_SECONDS))
 
 
-def _counts(part: int, must: int, targets: tuple[int, ...]) -> tuple[tuple[int, ...], bool]:
-    """Counts for `targets` whose entries fit in a live buffer part of `part` bytes -- at
-    most half of it, leaving `must` bytes -- but at least MIN_BACKLOG each; and whether they
-    are below the targets."""
-    full = sum(targets) * PER_ENTRY_BYTES
-    least = len(targets) * MIN_BACKLOG * PER_ENTRY_BYTES
+def _counts(
+    part: int, must: int, targets: tuple[int, ...], entry_bytes: int
+) -> tuple[tuple[int, ...], bool]:
+    """Counts for `targets` whose entries (`entry_bytes` each) fit in a live buffer part of
+    `part` bytes -- at most half of it, leaving `must` bytes -- but at least MIN_BACKLOG
+    each; and whether they are below the targets."""
+    full = sum(targets) * entry_bytes
+    least = len(targets) * MIN_BACKLOG * entry_bytes
     room = min(part // 2, part - must)
     if room >= full:
         return targets, False
@@ -515,8 +531,8 @@ def _count_choices(
         Choice(
             f"{section}.{keys}_high",
             high,
-            f"every waiting message keeps an entry in memory ({PER_ENTRY_BYTES} B, measured), "
-            f"paged or not: {why}",
+            f"every waiting message keeps {_ENTRY_TEXT[section]} in memory "
+            f"({_ENTRY_BYTES[section]} B, measured), paged or not: {why}",
         ),
         Choice(
             f"{section}.{keys}_low",
@@ -554,23 +570,29 @@ def _live_buffers(inputs: WizardInputs, layout: _Layout, left: int, entries: int
     # a largest topic message, and a KiB for each rounding down.
     queue_must = _kib_ceil(lq * (VOL_SHARE + PERSISTENT_SHARE) / VOL_SHARE) + 2 * KiB
     (vol_count, pers_count), queue_lowered = _counts(
-        queue_each, queue_must, (min(backlog, vol_default), min(backlog, pers_default))
+        queue_each,
+        queue_must,
+        (min(backlog, vol_default), min(backlog, pers_default)),
+        PER_MESSAGE_BYTES,
     )
     (topic_count,), topic_lowered = _counts(
-        topic_each, lt + KiB, (min(backlog, _DEFAULTS.topics.global_live_msg_high),)
+        topic_each,
+        lt + KiB,
+        (min(backlog, _DEFAULTS.topics.global_live_msg_high),),
+        PER_ENTRY_BYTES,
     )
-    queue_bytes = queue_each - (vol_count + pers_count) * PER_ENTRY_BYTES
+    queue_bytes = queue_each - (vol_count + pers_count) * PER_MESSAGE_BYTES
     persistent = queue_bytes * PERSISTENT_SHARE // (VOL_SHARE + PERSISTENT_SHARE)
     vol = _kib_floor(queue_bytes - persistent)
     topic_bytes = _kib_floor(topic_each - topic_count * PER_ENTRY_BYTES)
-    # The persistent share holds the cache's index entries and the cached bodies (and the
-    # cached entries' part of the store's count, charged there).
-    discount = min(pers_count, entries) * PER_ENTRY_BYTES
+    # The persistent share holds the cached bodies, and the entries of the cache beyond
+    # the store's count (those within it were charged with the count).
+    discount = min(pers_count, entries) * PER_MESSAGE_BYTES
     cache_bytes = _kib_floor(persistent + discount - entries * PER_MESSAGE_BYTES)
     if cache_bytes < 0:
         # Not even the entries fit: cache as many as half the share holds.
         entries = max(1, persistent // 2 // PER_MESSAGE_BYTES)
-        discount = min(pers_count, entries) * PER_ENTRY_BYTES
+        discount = min(pers_count, entries) * PER_MESSAGE_BYTES
         cache_bytes = _kib_floor(max(0, persistent + discount - entries * PER_MESSAGE_BYTES))
     if vol < lq:
         # More memory raises the pool by half of it, the queues get their share of that,

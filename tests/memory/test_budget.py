@@ -37,7 +37,7 @@ def lines(c: Config) -> dict[str, budget.Budget]:
 
 def test_the_default_budgets_are_the_seeds_modules_on_our_settings() -> None:
     got = {m: (b.count, b.each) for m, b in lines(config()).items()}
-    entry = PER_ENTRY_BYTES
+    stub, entry = PER_ENTRY_BYTES, PER_MESSAGE_BYTES
     assert got == {
         "socket reader threshold": (2, 64 * KiB),
         "uncommitted transactions": (2, 2 * MiB),
@@ -45,10 +45,11 @@ def test_the_default_budgets_are_the_seeds_modules_on_our_settings() -> None:
         "thread/buffer (rings)": (10, 1 * MiB + 4 * KiB),
         "worker statistics": (5, 256 * KiB),
         # The byte marks plus an entry for each message the global counts let wait:
-        # topics.global_live_msg_high 20000, vol_queue_store.global_msg_high 60000, and
-        # pers_queue_store.global_msg_high 40000 less the 1000 cached (charged 800 B each).
-        "topic live buffers": (1, 4 * MiB + 20000 * entry),
-        "queue live buffer, persistent": (1, MiB + 1000 * PER_MESSAGE_BYTES + 39000 * entry),
+        # topics.global_live_msg_high 20000 (stubs without headers), and, with their
+        # headers, vol_queue_store.global_msg_high 60000 and pers_queue_store.global_msg_high
+        # 40000 (the 1000 in the index cache among them).
+        "topic live buffers": (1, 4 * MiB + 20000 * stub),
+        "queue live buffer, persistent": (1, MiB + 40000 * entry),
         "VolQueueStore (non-persistent)": (1, 16 * MiB + 60000 * entry),
         # Both kinds of pipeline page (non-persistent queue messages, topic live buffers).
         "temp store paging step": (2, MiB),
@@ -142,13 +143,13 @@ def test_vol_queue_store_falls_back_to_the_hard_cap_and_counts_paged_messages() 
     c = config(vol_queue_store={"global_byte_high": -1, "global_byte_low": -1})
     vol = lines(c)["VolQueueStore (non-persistent)"]
     assert (vol.each, vol.settings) == (
-        24 * MiB + 60000 * PER_ENTRY_BYTES,
+        24 * MiB + 60000 * PER_MESSAGE_BYTES,
         ("queues.max_bytes", "vol_queue_store.global_msg_high"),
     )
     c = config(vol_queue_store={"global_msg_high": 90000, "global_msg_low": 70000})
     vol = lines(c)["VolQueueStore (non-persistent)"]
-    assert vol.each == 16 * MiB + 90000 * PER_ENTRY_BYTES
-    assert vol.arithmetic == "1 p2p worker x (16 MiB + 90000 x 400 B)"
+    assert vol.each == 16 * MiB + 90000 * PER_MESSAGE_BYTES
+    assert vol.arithmetic == f"1 p2p worker x (16 MiB + 90000 x {PER_MESSAGE_BYTES} B)"
     assert "vol_queue_store.global_msg_high" in vol.settings
     # Without a global count the entries are bounded per queue only: not in the budget, and
     # the line says how to count them.
@@ -161,9 +162,11 @@ def test_vol_queue_store_falls_back_to_the_hard_cap_and_counts_paged_messages() 
 def test_index_entries_beyond_the_cache_count_when_the_store_bounds_them() -> None:
     c = config(pers_queue_store={"global_msg_high": 110000, "global_msg_low": 100000})
     persistent = lines(c)["queue live buffer, persistent"]
-    # The 1000 cached with their bodies (800 B each), the other 109000 as entries only.
-    assert persistent.each == MiB + 1000 * PER_MESSAGE_BYTES + 109000 * PER_ENTRY_BYTES
-    assert "pers_queue_store.global_msg_high" in persistent.settings
+    # Every waiting stored message keeps its entry and headers, the 1000 cached their
+    # bodies too (within the cache's bytes), the other 109000 not.
+    assert persistent.each == MiB + 110000 * PER_MESSAGE_BYTES
+    assert persistent.arithmetic == f"1 p2p worker x (1 MiB + 110000 x {PER_MESSAGE_BYTES} B)"
+    assert persistent.settings == ("store.index_cache_bytes", "pers_queue_store.global_msg_high")
     # A count within the cache adds nothing beyond it.
     c = config(
         pers_queue_store={
@@ -175,6 +178,7 @@ def test_index_entries_beyond_the_cache_count_when_the_store_bounds_them() -> No
     )
     persistent = lines(c)["queue live buffer, persistent"]
     assert persistent.each == MiB + 1000 * PER_MESSAGE_BYTES
+    assert persistent.settings == ("store.index_cache_bytes", "store.index_cache_entries")
     # Unbounded over the store: bounded per queue only, and not counted.
     c = config(pers_queue_store={"global_msg_high": -1, "global_msg_low": -1})
     persistent = lines(c)["queue live buffer, persistent"]
@@ -235,7 +239,7 @@ def test_an_over_budget_config_is_refused_naming_the_modules_and_the_excess() ->
 
 
 def test_the_refusal_names_as_many_modules_as_the_excess_needs() -> None:
-    c = config(memory={"max_memory": "130MiB"}, rings={"capacity_bytes": "2MiB"})
+    c = config(memory={"max_memory": "160MiB"}, rings={"capacity_bytes": "4MiB"})
     memory = plan(c)
     by_size = sorted((b for b in memory.budgets if b.counted), key=lambda b: -b.total)
     assert [b.module for b in by_size[:3]] == [
