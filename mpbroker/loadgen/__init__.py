@@ -16,4 +16,11 @@ coordinator shares with its processes), :mod:`~mpbroker.loadgen.producer` and
 :mod:`~mpbroker.loadgen.report` (table and JSON), :mod:`~mpbroker.loadgen.cpu` (CPU time from
 /proc) and :mod:`~mpbroker.loadgen.baseline` (the reference server, ``python -m
 mpbroker.loadgen.baseline``). Servers are started and spoken to with :mod:`mpbroker.harness`.
+
+The selector study (``--filters``, ``--filter-targets``; Henjes et al., ITC 2007):
+:mod:`~mpbroker.loadgen.filterbench` (options, the grid, the targets, the report),
+:mod:`~mpbroker.loadgen.filters` (selectors, message properties, who selects what, the
+check; pure), :mod:`~mpbroker.loadgen.model` (the least-squares fit; pure),
+:mod:`~mpbroker.loadgen.filterrun` (one point) and :mod:`~mpbroker.loadgen.filterproc` (its
+producer and subscriber processes).
 """

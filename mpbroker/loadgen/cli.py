@@ -5,6 +5,9 @@ baseline server, then against a broker the bench starts and stops itself::
 
     mpbroker bench --count 200000 --baseline
 
+The selector study (``--filters``, ``--filter-targets``) is
+:mod:`mpbroker.loadgen.filterbench`.
+
 Exit status: 0 when every run delivered every message exactly once with no ERROR frame,
 1 otherwise, 2 for invalid options.
 """
@@ -17,6 +20,7 @@ from dataclasses import dataclass, field, replace
 
 from mpbroker.harness import BrokerProcess, ServerError, ServerProcess
 
+from .filterbench import add_filter_arguments, run_filters
 from .report import RunResult, format_json, format_table
 from .runner import run_scenario
 from .scenario import ACK_MODES, Scenario
@@ -146,6 +150,30 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     output.add_argument(
         "--json", action="store_true", help="print one JSON line instead of the table"
     )
+    add_filter_arguments(parser)
+
+
+# The selector study's options, and their defaults: given without --filters or
+# --filter-targets they would do nothing, so they are refused.
+_FILTER_ONLY = (
+    ("--filter-subscribers", "filter_subscribers"),
+    ("--filter-kinds", "filter_kinds"),
+    ("--filter-components", "filter_components"),
+    ("--replication", "replication"),
+    ("--filter-connections", "filter_connections"),
+    ("--filter-seconds", "filter_seconds"),
+)
+
+
+def _filter_option_given(args: argparse.Namespace) -> str:
+    """The first selector-study option given a value of its own, or ''."""
+    defaults = argparse.ArgumentParser()
+    add_filter_arguments(defaults)
+    default = defaults.parse_args([])
+    for option, dest in _FILTER_ONLY:
+        if getattr(args, dest) != getattr(default, dest):
+            return option
+    return ""
 
 
 def scenario_from_args(args: argparse.Namespace) -> Scenario:
@@ -237,6 +265,11 @@ def _stop(target: _Target) -> str:
 
 def run_from_args(args: argparse.Namespace) -> int:
     """Run what the options say, print the report; returns the exit status."""
+    if args.filters or args.filter_targets:
+        return run_filters(args)
+    if option := _filter_option_given(args):
+        _say(f"{option} applies with --filters or --filter-targets")
+        return 2
     try:
         scenario = scenario_from_args(args)
     except ValueError as exc:

@@ -5,6 +5,10 @@ event starts every producer at once. The coordinator watches the shared progress
 when every expected delivery arrived it tells consumers to stop, and when nothing arrived
 for ``stall_timeout_s`` it aborts the run with a message that says how far it got. Every
 process it started is gone when :func:`run_scenario` returns, whatever happened.
+
+:class:`ProcessRun` is that machinery; a run of a :class:`Scenario` and a point of the
+selector study (:mod:`mpbroker.loadgen.filterrun`) say what their processes run, how many
+deliveries are due and what the result is.
 """
 
 from __future__ import annotations
@@ -13,7 +17,10 @@ import multiprocessing
 import queue
 import secrets
 import time
+from abc import ABC, abstractmethod
+from collections.abc import Callable
 from multiprocessing.process import BaseProcess
+from typing import Any, Generic, TypeVar
 
 from .consumer import consumer_main
 from .control import (
@@ -30,7 +37,9 @@ from .report import RunResult
 from .scenario import Scenario
 from .tally import Tally, check
 
-__all__ = ["run_scenario"]
+__all__ = ["ProcessRun", "run_scenario"]
+
+ResultT = TypeVar("ResultT")
 
 # How often the coordinator looks at the progress counters.
 _POLL_S = 0.02
@@ -52,7 +61,12 @@ def run_scenario(
     return _Run(scenario, host, port, server, server_pid).run()
 
 
-class _Run:
+class ProcessRun(ABC, Generic[ResultT]):
+    """The processes of one run and their start, watch and end; subclasses say what the
+    processes run (:meth:`_entry`), how many deliveries are due (:meth:`_expected`) and
+    what the result is (:meth:`_result`). ``scenario`` gives the number of producer and
+    consumer processes, the stall timeout and the count."""
+
     def __init__(
         self, scenario: Scenario, host: str, port: int, server: str, server_pid: int | None
     ) -> None:
@@ -73,7 +87,19 @@ class _Run:
         self.server_cpu_s: float | None = None
         self.started = time.monotonic()
 
-    def run(self) -> RunResult:
+    @abstractmethod
+    def _entry(self, role: str, index: int) -> tuple[Callable[..., None], tuple[Any, ...]]:
+        """What process ``index`` of ``role`` runs: its function and arguments."""
+
+    @abstractmethod
+    def _expected(self) -> int | None:
+        """Deliveries due in all (None: not known yet)."""
+
+    @abstractmethod
+    def _result(self, aborted: str) -> ResultT:
+        """The result, from what the processes reported (``aborted``: why it ended early)."""
+
+    def run(self) -> ResultT:
         aborted = ""
         try:
             try:
@@ -96,10 +122,10 @@ class _Run:
     # -- phases ----------------------------------------------------------------------------
 
     def _spawn(self, role: str, index: int) -> None:
-        target = consumer_main if role == "consumer" else producer_main
+        target, args = self._entry(role, index)
         process = self.ctx.Process(
             target=target,
-            args=(index, self.scenario, self.host, self.port, self.token, self.control),
+            args=args,
             name=f"bench-{role}-{index}",
             daemon=True,
         )
@@ -128,7 +154,6 @@ class _Run:
     def _watch(self) -> None:
         """Until every delivery arrived; raises _Abort on a stall or a failed process."""
         scenario = self.scenario
-        expected = scenario.expected_deliveries
         received = self.control.received
         stall = scenario.stall_timeout_s
         last_total = -1
@@ -141,11 +166,17 @@ class _Run:
             if total != last_total:
                 last_total = total
                 last_progress = now
-            if total >= expected and len(self.producer_results) == scenario.producers:
+            expected = self._expected()
+            if (
+                expected is not None
+                and total >= expected
+                and len(self.producer_results) == scenario.producers
+            ):
                 return
             if now - last_progress > stall:
+                due = "?" if expected is None else str(expected)
                 raise _Abort(
-                    f"no message received for {stall:g} s: {total} of {expected} deliveries"
+                    f"no message received for {stall:g} s: {total} of {due} deliveries"
                     f" arrived, {sum(self.control.sent)} of"
                     f" {scenario.producers * scenario.count} messages were sent"
                 )
@@ -229,8 +260,8 @@ class _Run:
     def _all_exited(self) -> bool:
         return all(process.exitcode is not None for process in self.processes)
 
-    def _result(self, aborted: str) -> RunResult:
-        scenario = self.scenario
+    def _process_errors(self, aborted: str) -> list[str]:
+        """Errors the processes reported, and processes that did not report."""
         errors: list[str] = []
         for p_result in self.producer_results.values():
             if p_result.error:
@@ -238,9 +269,25 @@ class _Run:
         for c_result in self.consumer_results.values():
             if c_result.error:
                 errors.append(f"consumer {c_result.index}: {c_result.error}")
-        for index in range(scenario.producers):
+        for index in range(self.scenario.producers):
             if index not in self.producer_results and not aborted:
                 errors.append(f"producer {index} did not report")
+        return errors
+
+
+class _Run(ProcessRun[RunResult]):
+    """A run of a :class:`Scenario`: its producers and consumers, every message checked."""
+
+    def _entry(self, role: str, index: int) -> tuple[Callable[..., None], tuple[Any, ...]]:
+        target = consumer_main if role == "consumer" else producer_main
+        return target, (index, self.scenario, self.host, self.port, self.token, self.control)
+
+    def _expected(self) -> int | None:
+        return self.scenario.expected_deliveries
+
+    def _result(self, aborted: str) -> RunResult:
+        scenario = self.scenario
+        errors = self._process_errors(aborted)
         tallies: list[Tally] = [
             r.tally for r in self.consumer_results.values() if r.tally is not None
         ]

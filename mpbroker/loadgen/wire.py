@@ -11,7 +11,14 @@ from __future__ import annotations
 from mpbroker.harness import BrokerClosed, FrameTimeout, RawClient, StompError
 from mpbroker.stomp import Frame, ProtocolError, encode_frame
 
-__all__ = ["BODY_HEADER_BYTES", "SendTemplate", "body_prefix", "make_body", "send_explained"]
+__all__ = [
+    "BODY_HEADER_BYTES",
+    "KeyedSendTemplate",
+    "SendTemplate",
+    "body_prefix",
+    "make_body",
+    "send_explained",
+]
 
 # Body layout: "<run token>:<producer, 5 digits>:<sequence, 10 digits>:" then padding. The
 # run token keeps messages left over from an earlier run (on a long-lived broker) out of the
@@ -80,6 +87,87 @@ class SendTemplate:
     def frame_with_receipt(self, seq: int, receipt: str) -> bytes:
         """One SEND frame that asks for a RECEIPT (rare enough to encode from scratch)."""
         headers = {**self.headers, "receipt": receipt}
+        body = make_body(self.token, self.producer, seq, self.size)
+        return encode_frame(Frame("SEND", headers, body))
+
+
+class KeyedSendTemplate:
+    """SEND frames whose ``key_header`` is ``<key_prefix><seq % keys>``: like
+    :class:`SendTemplate`, with a second stamp for the header (the filter study's ``ID``).
+
+    ``headers`` go after ``destination`` and the key header, in order.
+    """
+
+    _MARK = "{KEY}"
+
+    def __init__(
+        self,
+        destination: str,
+        *,
+        key_header: str,
+        key_prefix: str,
+        keys: int,
+        headers: dict[str, str],
+        persistent: bool,
+        token: bytes,
+        producer: int,
+        size: int,
+    ) -> None:
+        if keys < 1:
+            raise ValueError(f"keys must be at least 1, got {keys}")
+        self.key_header = key_header
+        self.key_prefix = key_prefix
+        self.keys = keys
+        self.headers = {"destination": destination, key_header: "", **headers}
+        if persistent:
+            self.headers["persistent"] = "true"
+        self.token = token
+        self.producer = producer
+        self.size = size
+        body = make_body(token, producer, 0, size)
+        marked = {**self.headers, key_header: key_prefix + self._MARK}
+        frame = encode_frame(Frame("SEND", marked, body))
+        seq_at = len(frame) - 1 - len(body) + BODY_HEADER_BYTES - 1 - _SEQ_DIGITS
+        head = frame[:seq_at]
+        mark = self._MARK.encode()
+        if head.count(mark) != 1:
+            raise ValueError(f"{self._MARK} may not appear in the headers")
+        before, after = head.split(mark)
+        tail = frame[seq_at + _SEQ_DIGITS :]
+        self._format = (
+            before.replace(b"%", b"%%")
+            + b"%d"
+            + after.replace(b"%", b"%%")
+            + b"%0"
+            + str(_SEQ_DIGITS).encode()
+            + b"d"
+            + tail.replace(b"%", b"%%")
+        )
+        #: The size of a frame with a one-digit key (others are a few bytes longer).
+        self.frame_bytes = len(frame) - len(mark) + 1
+        self._batch_formats: dict[int, bytes] = {}
+
+    def frames(self, start: int, stop: int) -> bytes:
+        """SEND frames for sequence numbers ``start`` to ``stop - 1``, back to back."""
+        n = stop - start
+        fmt = self._batch_formats.get(n)
+        if fmt is None:
+            if len(self._batch_formats) > 8:
+                self._batch_formats.clear()
+            fmt = self._batch_formats[n] = self._format * n
+        values: list[int] = [0] * (2 * n)
+        keys = self.keys
+        values[0::2] = [seq % keys for seq in range(start, stop)]
+        values[1::2] = range(start, stop)
+        return fmt % tuple(values)
+
+    def frame_with_receipt(self, seq: int, receipt: str) -> bytes:
+        """One SEND frame that asks for a RECEIPT."""
+        headers = {
+            **self.headers,
+            self.key_header: f"{self.key_prefix}{seq % self.keys}",
+            "receipt": receipt,
+        }
         body = make_body(self.token, self.producer, seq, self.size)
         return encode_frame(Frame("SEND", headers, body))
 

@@ -3,7 +3,8 @@
 Henjes et al. (ITC 2007) measured JMS brokers whose cost per published message grows with
 every subscriber's selector, matching or not. Here each selector is filed under one
 indexable condition among its top-level AND conjuncts, ``prop = literal`` (either way
-round), ``prop IN (literals)`` or ``prop IS NULL``: under `prop`, keyed by the literals
+round), ``prop IN (literals)``, ``prop IS NULL``, or an OR whose every operand pins the
+same property (``ID = 'a' OR ID = 'b'``, as an IN): under `prop`, keyed by the literals
 (`_key`). A message reads each indexed property once and takes the items of the buckets its
 values name; only those, and the selectors with no indexable conjunct (`_always`), are
 evaluated. So a publish costs O(indexed properties + candidates), not O(selectors).
@@ -22,6 +23,7 @@ from mpbroker.records import Message
 
 from . import _values
 from ._ast import (
+    And,
     BooleanLiteral,
     Comparison,
     Identifier,
@@ -29,6 +31,7 @@ from ._ast import (
     IsNull,
     Node,
     NumberLiteral,
+    Or,
     StringLiteral,
 )
 from ._compile import Selector
@@ -98,6 +101,8 @@ def _placement(selector: Selector) -> tuple[str, tuple[Hashable, ...]] | None:
 
 def _indexable(node: Node) -> tuple[int, str, tuple[Hashable, ...]] | None:
     """(rank, property, keys) if `node` is TRUE only when `property` has one of `keys`."""
+    if isinstance(node, Or):
+        return _indexable_or(node)
     literals = (StringLiteral, NumberLiteral, BooleanLiteral)
     if isinstance(node, Comparison) and node.op == "=":
         for ident, literal in ((node.left, node.right), (node.right, node.left)):
@@ -109,6 +114,33 @@ def _indexable(node: Node) -> tuple[int, str, tuple[Hashable, ...]] | None:
     if isinstance(node, IsNull) and not node.negated and isinstance(node.operand, Identifier):
         return 1_000_000, node.operand.name, (NULL,)
     return None
+
+
+def _indexable_or(node: Or) -> tuple[int, str, tuple[Hashable, ...]] | None:
+    """An OR is TRUE only when one of its operands is: if every operand pins the same
+    property (itself, or one of its AND's conjuncts does), the OR pins it to the union of
+    their keys. (`ID = 'a' OR ID = 'b'` is filed like `ID IN ('a', 'b')`; so is
+    `(ID = 'a' AND x > 1) OR ID = 'b'`.)"""
+    options: list[dict[str, tuple[Hashable, ...]]] = []
+    for operand in node.operands:
+        found: dict[str, tuple[Hashable, ...]] = {}
+        parts = operand.operands if isinstance(operand, And) else (operand,)
+        for part in parts:
+            pinned = _indexable(part)
+            if pinned is not None:
+                _, name, keys = pinned
+                if name not in found or len(keys) < len(found[name]):
+                    found[name] = keys
+        if not found:
+            return None
+        options.append(found)
+    best: tuple[int, str, tuple[Hashable, ...]] | None = None
+    for name in options[0]:
+        if all(name in found for found in options):
+            keys = tuple(dict.fromkeys(key for found in options for key in found[name]))
+            if best is None or len(keys) < best[0]:
+                best = (len(keys), name, keys)
+    return best
 
 
 @dataclass(slots=True)

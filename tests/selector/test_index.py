@@ -41,10 +41,14 @@ def index_of(*texts: str) -> SelectorIndex[str]:
         ("c IS NULL AND d IN (1, 2) AND e = 'x' AND f > 1", ("e", ("x",))),
         ("c IS NULL AND d IN (1, 2, 3) AND e IN ('x', 'y')", ("e", ("x", "y"))),
         ("f > 1 AND c IS NULL", ("c", (NULL,))),
+        # an OR whose every operand pins one property: as an IN
+        ("ID = 'k1' OR ID = 'k2'", ("ID", ("k1", "k2"))),
+        ("(ID = 'k1' AND a > 1) OR ID IN ('k2', 'k1')", ("ID", ("k1", "k2"))),
         # not indexable: evaluated for every message
         ("ID <> 'k1'", None),
         ("NOT ID = 'k1'", None),
-        ("ID = 'k1' OR ID = 'k2'", None),
+        ("ID = 'k1' OR other = 'k2'", None),
+        ("ID = 'k1' OR a > 1", None),
         ("c NOT IN ('a')", None),
         ("c IS NOT NULL", None),
         ("a = b", None),
@@ -187,3 +191,18 @@ def test_a_message_looks_up_only_the_indexed_properties() -> None:
     assert index.candidates(message(headers={"ID": "k9999", "n": "9"})) == [9999]
     assert index.matching(message(headers={"ID": "k9999", "n": "9"})) == [9999]
     assert index.matching(message(headers={"ID": "k9999", "n": "1"})) == []
+
+
+def test_an_or_that_pins_one_property_is_indexed_like_an_in() -> None:
+    index: SelectorIndex[str] = SelectorIndex()
+    index.add("or", compile_selector("ID = 'a' OR ID = 'b' OR ID IN ('c', 'd')"))
+    index.add("mixed", compile_selector("(ID = 'e' AND x > 1) OR ID = 'f'"))
+    index.add("two-props", compile_selector("ID = 'a' OR other = 'b'"))
+    for n in range(100):
+        index.add(f"noise{n}", compile_selector(f"ID = 'n{n}' OR ID = 'm{n}'"))
+    # (The OR over two properties cannot be indexed: it is always a candidate.)
+    for value, expected in (("a", ["or"]), ("d", ["or"]), ("f", ["mixed"]), ("z", [])):
+        got = index.candidates(make_message(headers={"ID": value}))
+        assert got == [*expected, "two-props"], value
+    assert index.matching(make_message(headers={"ID": "e", "x": "2"})) == ["mixed"]
+    assert index.matching(make_message(headers={"ID": "e"})) == []
