@@ -529,8 +529,10 @@ class QueueEngine(Engine):
                 back.append(again)
         self._effects.returned.extend((queue.name, m.seq) for m in back if m.seq)
         if self.index_cache is not None:
-            # Back with their bodies: they count in the cache again.
-            self.cached += sum(1 for m in back if m.seq)
+            # Back with their bodies: they count in the cache again (entries and bytes).
+            stored = [m for m in back if m.seq]
+            self.cached += len(stored)
+            self.cached_bytes += sum(len(m.body) for m in stored)
         return queue.add_waiting_at_head(back)
 
     def _dead_letter_queue(self, queue: str) -> str:

@@ -1153,3 +1153,17 @@ def test_the_index_cache_also_stops_at_its_byte_budget() -> None:
         engine.handle(9, Send(1, message))
     assert [m.paged for m in engine.queues[Q].pending] == [False, False, True, True]
     assert (engine.cached, engine.cached_bytes) == (2, 8)
+
+
+def test_redelivered_stored_messages_count_in_the_index_cache_again_with_their_bytes() -> None:
+    stored: dict[int, Message] = {}
+    engine = make_engine(index_cache=IndexCache(stored.__getitem__, max_entries=100, max_bytes=10))
+    for n in (1, 2):
+        message = make_message(f"m{n}", body=b"four")
+        message.persistent, message.seq = True, n
+        stored[n] = message
+        engine.handle(9, Send(1, message))
+    engine.handle(0, subscribe(1, 1, ack_mode=ACK_INDIVIDUAL, prefetch=10))
+    assert (engine.cached, engine.cached_bytes) == (0, 0)
+    engine.handle(0, Unsubscribe(1, 1))  # both come back, with their bodies
+    assert (engine.cached, engine.cached_bytes) == (2, 8)
