@@ -23,7 +23,7 @@ from mpbroker.harness import BrokerProcess, ServerError, ServerProcess
 from .filterbench import add_filter_arguments, run_filters
 from .report import RunResult, format_json, format_table
 from .runner import run_scenario
-from .scenario import ACK_MODES, Scenario
+from .scenario import ACK_MODES, Scenario, check_counts
 from .wire import BODY_HEADER_BYTES
 
 __all__ = ["add_arguments", "run_from_args", "scenario_from_args"]
@@ -178,19 +178,7 @@ def _filter_option_given(args: argparse.Namespace) -> str:
 
 def scenario_from_args(args: argparse.Namespace) -> Scenario:
     """The :class:`Scenario` the options describe; ``ValueError`` says which one is wrong."""
-    positive = {
-        "--producers": args.producers,
-        "--consumers": args.consumers,
-        "--count": args.count,
-        "--prefetch": args.prefetch,
-        "--receipt-every": args.receipt_every,
-        "--max-in-flight": args.max_in_flight,
-        "--max-backlog": args.max_backlog,
-        "--repeat": args.repeat,
-    }
-    for name, value in positive.items():
-        if value < 1:
-            raise ValueError(f"{name} must be at least 1, got {value}")
+    check_counts({"--producers": args.producers, "--consumers": args.consumers}, args)
     if not args.destination.startswith(("/queue/", "/topic/")):
         raise ValueError(
             f"--destination must be /queue/NAME or /topic/NAME, got {args.destination!r}"

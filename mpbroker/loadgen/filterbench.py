@@ -33,7 +33,7 @@ from .filterproc import FilterPoint
 from .filterrun import FilterRunResult, run_point
 from .filters import KINDS, NO_FILTER, FilterPlan, parse_int_list, parse_kinds
 from .model import PAPER_ACTIVEMQ, Fit, ModelPoint, fit
-from .scenario import ACK_MODES, Scenario
+from .scenario import ACK_MODES, Scenario, check_counts
 from .wire import BODY_HEADER_BYTES
 
 __all__ = [
@@ -198,19 +198,13 @@ def filter_options_from_args(args: argparse.Namespace) -> FilterOptions:
     subscribers = parse_int_list("--filter-subscribers", args.filter_subscribers)
     kinds = parse_kinds("--filter-kinds", args.filter_kinds)
     replication = parse_int_list("--replication", args.replication)
-    positive = {
-        "--filter-components": args.filter_components,
-        "--filter-connections": args.filter_connections,
-        "--count": args.count,
-        "--prefetch": args.prefetch,
-        "--receipt-every": args.receipt_every,
-        "--max-in-flight": args.max_in_flight,
-        "--max-backlog": args.max_backlog,
-        "--repeat": args.repeat,
-    }
-    for name, value in positive.items():
-        if value < 1:
-            raise ValueError(f"{name} must be at least 1, got {value}")
+    check_counts(
+        {
+            "--filter-components": args.filter_components,
+            "--filter-connections": args.filter_connections,
+        },
+        args,
+    )
     if args.filter_seconds <= 0:
         raise ValueError(f"--filter-seconds must be positive, got {args.filter_seconds:g}")
     if args.timeout <= 0:

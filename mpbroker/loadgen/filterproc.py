@@ -17,13 +17,15 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from typing import Any
 
-from mpbroker.harness import RawClient, StompError
+from mpbroker.harness import RawClient
 from mpbroker.stomp import Frame, encode_frame
 
-from .control import STARTUP_TIMEOUT_S, ConsumerResult, Control, ProducerResult, Ready, describe
+from .consumer import Receiver
+from .control import STARTUP_TIMEOUT_S, ConsumerResult, Control, describe
 from .filters import KEY_PREFIX, KEY_PROPERTY, FilterPlan, FilterTally
-from .producer import BATCH_BYTES
+from .producer import PacedProducer, run_producer
 from .wire import KeyedSendTemplate, body_prefix, send_explained
 
 __all__ = [
@@ -42,9 +44,6 @@ MIN_AHEAD = 64
 # SUBSCRIBE frames are written in chunks of about this many bytes.
 _SUBSCRIBE_CHUNK_BYTES = 64 * 1024
 _SUBSCRIBED = "subscribed"
-# A read that waits this long without data looks at the stop flag.
-_IDLE_S = 0.05
-_BACKLOG_POLL_S = 0.0005
 
 
 @dataclass(frozen=True, slots=True)
@@ -150,7 +149,10 @@ def filter_consumer_main(
     control.results.put(result)
 
 
-class _Subscriber:
+class _Subscriber(Receiver[FilterTally, FilterConsumerResult]):
+    """A subscriber connection: its share of the point's subscriptions, each delivery
+    tallied under its ``subscription`` header."""
+
     def __init__(
         self,
         index: int,
@@ -160,87 +162,58 @@ class _Subscriber:
         token: bytes,
         control: Control,
     ) -> None:
-        self.index = index
         self.point = point
-        self.control = control
-        self.tally = FilterTally(body_prefix(token), point.plan, point.count)
-        self.last_receive = 0.0
-        self.reads = 0
-        self.conn = RawClient(host, port, point.stall_timeout_s, send_timeout=None)
+        super().__init__(
+            index,
+            host,
+            port,
+            point.stall_timeout_s,
+            control,
+            FilterTally(body_prefix(token), point.plan, point.count),
+        )
+        self.subscribe_s = 0.0
 
-    def run(self) -> FilterConsumerResult:
+    def _subscribe(self) -> None:
         point = self.point
         conn = self.conn
-        try:
-            conn.connect()
-            chunks = subscribe_frames(point, self.index)
-            began = time.monotonic()
-            for chunk in chunks:
-                send_explained(conn, chunk)
-            # Registering 10,000 selectors takes a while on a loaded machine.
-            conn.expect(
-                "RECEIPT", _SUBSCRIBED, timeout=max(point.stall_timeout_s, STARTUP_TIMEOUT_S)
-            )
-            subscribe_s = time.monotonic() - began
-            self.control.results.put(Ready("consumer", self.index))
-            cpu_start = time.process_time()
-            self._receive()
-            conn.disconnect()
-            return FilterConsumerResult(
-                self.index,
-                last_receive=self.last_receive,
-                cpu_s=time.process_time() - cpu_start,
-                reads=self.reads,
-                filter_tally=self.tally,
-                subscribe_s=subscribe_s,
-                subscriptions=len(point.subscribers_of(self.index)),
-            )
-        finally:
-            conn.close()
+        chunks = subscribe_frames(point, self.index)
+        began = time.monotonic()
+        for chunk in chunks:
+            send_explained(conn, chunk)
+        # Registering 10,000 selectors takes a while on a loaded machine.
+        conn.expect("RECEIPT", _SUBSCRIBED, timeout=max(point.stall_timeout_s, STARTUP_TIMEOUT_S))
+        self.subscribe_s = time.monotonic() - began
 
-    def _receive(self) -> None:
-        conn = self.conn
-        tally = self.tally
-        stop = self.control.stop
-        received = self.control.received
-        index = self.index
-        while True:
-            frames = conn.read(_IDLE_S)
-            if frames is None:
-                if stop.is_set():
-                    return
-                continue
-            deliveries = [
-                (frame.headers.get("subscription", ""), frame.body)
-                for frame in frames
-                if frame.command == "MESSAGE"
-            ]
-            if deliveries:
-                self.last_receive = time.monotonic()
-                self.reads += 1
-                tally.add(deliveries)
-                received[index] = tally.received
-            if len(deliveries) != len(frames):
-                for frame in frames:
-                    if frame.command == "ERROR":
-                        raise StompError(frame)
-            if stop.is_set():
-                return
+    def _deliveries(self, frames: list[Frame]) -> list[Any]:
+        return [
+            (frame.headers.get("subscription", ""), frame.body)
+            for frame in frames
+            if frame.command == "MESSAGE"
+        ]
+
+    def _result(self, cpu_s: float) -> FilterConsumerResult:
+        return FilterConsumerResult(
+            self.index,
+            last_receive=self.last_receive,
+            cpu_s=cpu_s,
+            reads=self.reads,
+            filter_tally=self.tally,
+            subscribe_s=self.subscribe_s,
+            subscriptions=len(self.point.subscribers_of(self.index)),
+        )
 
 
 def filter_producer_main(
     index: int, point: FilterPoint, host: str, port: int, token: bytes, control: Control
 ) -> None:
     """Process entry point: send, then report a :class:`ProducerResult` (with any error)."""
-    result: ProducerResult
-    try:
-        result = _Publisher(index, point, host, port, token, control).run()
-    except Exception as exc:
-        result = ProducerResult(index, sent=control.sent[index], error=describe(exc))
-    control.results.put(result)
+    run_producer(index, control, lambda: _Publisher(index, point, host, port, token, control))
 
 
-class _Publisher:
+class _Publisher(PacedProducer):
+    """The point's producer: sends until ``count``, or until ``budget_s`` once it sent
+    ``min_count``, staying about :data:`AHEAD_S` seconds of deliveries ahead."""
+
     def __init__(
         self,
         index: int,
@@ -250,12 +223,10 @@ class _Publisher:
         token: bytes,
         control: Control,
     ) -> None:
-        self.index = index
         self.point = point
-        self.control = control
-        self.conn = RawClient(host, port, point.stall_timeout_s, send_timeout=None)
+        conn = RawClient(host, port, point.stall_timeout_s, send_timeout=None)
         plan = point.plan
-        self.template = KeyedSendTemplate(
+        template = KeyedSendTemplate(
             point.destination,
             key_header=KEY_PROPERTY,
             key_prefix=KEY_PREFIX,
@@ -266,59 +237,23 @@ class _Publisher:
             producer=index,
             size=point.size_bytes,
         )
-        self.outstanding = 0
-        self.first_send = 0.0
+        super().__init__(
+            index,
+            conn,
+            template,
+            control,
+            count=point.count,
+            receipt_every=point.receipt_every,
+            max_in_flight=point.max_in_flight,
+            stall_timeout_s=point.stall_timeout_s,
+        )
 
-    def run(self) -> ProducerResult:
+    def _stop_early(self, seq: int) -> bool:
         point = self.point
-        control = self.control
-        conn = self.conn
-        try:
-            conn.connect()
-            control.results.put(Ready("producer", self.index))
-            if not control.start.wait(max(point.stall_timeout_s, 2 * STARTUP_TIMEOUT_S)):
-                raise TimeoutError("the coordinator never said start")
-            count = point.count
-            every = point.receipt_every
-            batch = max(1, BATCH_BYTES // self.template.frame_bytes)
-            sent = control.sent
-            seq = 0
-            self.first_send = first_send = time.monotonic()
-            cpu_start = time.process_time()
-            while seq < count:
-                if seq >= point.min_count and time.monotonic() - first_send >= point.budget_s:
-                    break
-                window_end = min((seq // every + 1) * every, count)
-                ahead = self._wait_for_room()
-                stop = min(seq + min(batch, ahead), window_end)
-                if stop == window_end:
-                    while self.outstanding >= point.max_in_flight:
-                        self._take_receipts(point.stall_timeout_s, "RECEIPT")
-                    last = stop - 1
-                    data = self.template.frames(seq, last) + self.template.frame_with_receipt(
-                        last, str(last)
-                    )
-                    self.outstanding += 1
-                else:
-                    data = self.template.frames(seq, stop)
-                send_explained(conn, data)
-                seq = stop
-                sent[self.index] = seq
-                if self.outstanding:
-                    self._take_receipts(0.0, "")
-            while self.outstanding:
-                self._take_receipts(point.stall_timeout_s, "RECEIPT")
-            done = time.monotonic()
-            conn.disconnect()
-            return ProducerResult(
-                self.index,
-                sent=seq,
-                first_send=first_send,
-                done=done,
-                cpu_s=time.process_time() - cpu_start,
-            )
-        finally:
-            conn.close()
+        return seq >= point.min_count and time.monotonic() - self.first_send >= point.budget_s
+
+    def _pace(self, seq: int, stop: int) -> int:
+        return min(stop, seq + self._wait_for_room())
 
     def _delivered(self) -> int:
         """Messages the subscribers have received, by the shared counters."""
@@ -348,16 +283,4 @@ class _Publisher:
                     f"subscribers made no progress for {point.stall_timeout_s:g} s"
                     f" ({sent[self.index] - delivered} messages behind)"
                 )
-            self._take_receipts(_BACKLOG_POLL_S, "")
-
-    def _take_receipts(self, timeout_s: float, waiting_for: str) -> None:
-        frames = self.conn.read(timeout_s)
-        if frames is None:
-            if waiting_for:
-                raise TimeoutError(f"no {waiting_for} from the server for {timeout_s:g} s")
-            return
-        for frame in frames:
-            if frame.command == "RECEIPT":
-                self.outstanding -= 1
-            elif frame.command == "ERROR":
-                raise StompError(frame)
+            self._poll()

@@ -27,6 +27,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
+from .tally import DeliveryVerdict
 from .wire import BODY_HEADER_BYTES
 
 __all__ = [
@@ -231,7 +232,7 @@ class FilterTally:
 
 
 @dataclass(frozen=True, slots=True)
-class FilterCheck:
+class FilterCheck(DeliveryVerdict):
     """Whether every due delivery happened exactly once, and nothing else was delivered."""
 
     expected: int
@@ -244,33 +245,22 @@ class FilterCheck:
     #: Per-subscription order is promised on topics only.
     order_required: bool
 
-    @property
-    def ok(self) -> bool:
-        return (
-            self.missing == 0
-            and self.duplicated == 0
-            and self.unexpected == 0
-            and not (self.order_required and self.reordered)
-        )
+    def problems(self) -> list[str]:
+        """What went wrong, one phrase each; none when ok: also deliveries a selector
+        rejects."""
+        # (Not super(): slots=True makes a new class, which the implicit __class__ misses.)
+        problems = DeliveryVerdict.problems(self)
+        if self.unexpected:
+            problems.append(f"{self.unexpected} NOT SELECTED but delivered")
+        return problems
 
     def summary(self) -> str:
         """One line for the report."""
-        if self.ok:
-            text = f"all {self.expected} deliveries arrived exactly once"
-            if self.order_required:
-                text += ", in order"
-            text += ", none unselected"
-        else:
-            problems = []
-            if self.missing:
-                problems.append(f"{self.missing} MISSING")
-            if self.duplicated:
-                problems.append(f"{self.duplicated} DUPLICATED")
-            if self.reordered and self.order_required:
-                problems.append(f"{self.reordered} OUT OF ORDER")
-            if self.unexpected:
-                problems.append(f"{self.unexpected} NOT SELECTED but delivered")
+        problems = self.problems()
+        if problems:
             text = f"{', '.join(problems)} (of {self.expected} expected deliveries)"
+        else:
+            text = self._all_arrived() + ", none unselected"
         if self.foreign:
             text += f" ({self.foreign} messages of an earlier run ignored)"
         return text

@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-__all__ = ["ACK_MODES", "Scenario"]
+if TYPE_CHECKING:
+    import argparse
+
+__all__ = ["ACK_MODES", "Scenario", "check_counts"]
 
 #: STOMP ack modes a consumer may subscribe with.
 ACK_MODES: tuple[str, ...] = ("auto", "client", "client-individual")
@@ -57,3 +62,22 @@ class Scenario:
         kind = "topic" if self.is_topic else "queue"
         flags = " persistent" if self.persistent else ""
         return f"{kind} {self.producers}->{self.consumers} {self.size_bytes}B {self.ack}{flags}"
+
+
+def check_counts(leading: Mapping[str, int], args: argparse.Namespace) -> None:
+    """Refuse (``ValueError``) the first whole-number option below 1: those of ``leading``
+    (option name -> value), then those both the bench (:mod:`~mpbroker.loadgen.cli`) and the
+    selector study (:mod:`~mpbroker.loadgen.filterbench`) take from ``args``: --count,
+    --prefetch, --receipt-every, --max-in-flight, --max-backlog and --repeat."""
+    counts = {
+        **leading,
+        "--count": args.count,
+        "--prefetch": args.prefetch,
+        "--receipt-every": args.receipt_every,
+        "--max-in-flight": args.max_in_flight,
+        "--max-backlog": args.max_backlog,
+        "--repeat": args.repeat,
+    }
+    for name, value in counts.items():
+        if value < 1:
+            raise ValueError(f"{name} must be at least 1, got {value}")

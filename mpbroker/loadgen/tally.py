@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 from .wire import BODY_HEADER_BYTES
 
-__all__ = ["CheckResult", "Tally", "check"]
+__all__ = ["CheckResult", "DeliveryVerdict", "Tally", "check"]
 
 # Offsets in a body (see mpbroker.loadgen.wire): token and ':' (9 bytes), producer (5), ':', sequence (10).
 _PRODUCER_AT = 9
@@ -77,8 +77,45 @@ class Tally:
         self.foreign += foreign
 
 
+class DeliveryVerdict:
+    """The verdict of a check of deliveries, which :class:`CheckResult` and the selector
+    study's :class:`~mpbroker.loadgen.filters.FilterCheck` share: ``ok`` unless
+    :meth:`problems` finds something. A subclass (a dataclass) has the fields below."""
+
+    __slots__ = ()
+
+    expected: int
+    missing: int
+    duplicated: int
+    reordered: int
+    order_required: bool
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems()
+
+    def problems(self) -> list[str]:
+        """What went wrong, one phrase each (``"7 MISSING"``); none when ok: missing and
+        duplicated deliveries, and reordered ones where order is promised."""
+        problems = []
+        if self.missing:
+            problems.append(f"{self.missing} MISSING")
+        if self.duplicated:
+            problems.append(f"{self.duplicated} DUPLICATED")
+        if self.reordered and self.order_required:
+            problems.append(f"{self.reordered} OUT OF ORDER")
+        return problems
+
+    def _all_arrived(self) -> str:
+        """The summary of a check that found nothing wrong."""
+        text = f"all {self.expected} deliveries arrived exactly once"
+        if self.order_required:
+            text += ", in order"
+        return text
+
+
 @dataclass(frozen=True, slots=True)
-class CheckResult:
+class CheckResult(DeliveryVerdict):
     """Whether the deliveries were every message exactly once (and in order, for topics)."""
 
     #: Deliveries the scenario called for: messages sent, times consumers for a topic.
@@ -96,29 +133,13 @@ class CheckResult:
     #: Whether a reorder is an error: per-producer order is promised for topics only.
     order_required: bool
 
-    @property
-    def ok(self) -> bool:
-        return (
-            self.missing == 0
-            and self.duplicated == 0
-            and not (self.order_required and self.reordered)
-        )
-
     def summary(self) -> str:
         """One line for the report."""
-        if self.ok:
-            text = f"all {self.expected} deliveries arrived exactly once"
-            if self.order_required:
-                text += ", in order"
-        else:
-            problems = []
-            if self.missing:
-                problems.append(f"{self.missing} MISSING")
-            if self.duplicated:
-                problems.append(f"{self.duplicated} DUPLICATED")
-            if self.reordered and self.order_required:
-                problems.append(f"{self.reordered} OUT OF ORDER")
+        problems = self.problems()
+        if problems:
             text = f"{', '.join(problems)} of {self.expected} expected deliveries"
+        else:
+            text = self._all_arrived()
         if self.reordered and not self.order_required:
             text += f" ({self.reordered} out of producer order)"
         if self.foreign:

@@ -15,6 +15,7 @@ __all__ = [
     "BODY_HEADER_BYTES",
     "KeyedSendTemplate",
     "SendTemplate",
+    "StampedTemplate",
     "body_prefix",
     "make_body",
     "send_explained",
@@ -29,6 +30,8 @@ _SEQ_DIGITS = 10
 #: The smallest body that holds the run token, the producer id and the sequence number.
 BODY_HEADER_BYTES = _TOKEN_BYTES + 1 + _PRODUCER_DIGITS + 1 + _SEQ_DIGITS + 1
 _PADDING = b"."
+# How a template stamps the sequence number: zero-padded to its fixed width.
+_SEQ_FORMAT = b"%0" + str(_SEQ_DIGITS).encode() + b"d"
 # After a failed write: how long to wait for the ERROR frame that explains it.
 _ERROR_GRACE_S = 0.5
 
@@ -48,31 +51,52 @@ def make_body(token: bytes, producer: int, seq: int, size: int) -> bytes:
     return head + _PADDING * (size - len(head))
 
 
-class SendTemplate:
-    """The SEND frames of one producer: encoded once, stamped with each sequence number.
+def _escaped(data: bytes) -> bytes:
+    """``data`` as literal text of a ``%`` format."""
+    return data.replace(b"%", b"%%")
 
-    ``encode_frame`` costs about a microsecond per frame; stamping a pre-encoded frame with
-    ``%`` costs a tenth of that, and a whole batch is one formatting call in C.
+
+class StampedTemplate:
+    """What :class:`SendTemplate` and :class:`KeyedSendTemplate` share: the headers and body
+    of one producer's SEND frames, a frame encoded once and split at its sequence number
+    (:meth:`_encode_first`), batches stamped from ``self._format`` with one ``%`` each
+    (:meth:`frames`, the values from :meth:`_stamps`), and the rare frame that asks for a
+    RECEIPT (:meth:`frame_with_receipt`, its headers from :meth:`_headers_of`).
+
+    ``headers`` come first, in order, then ``persistent:true`` if asked for. A subclass sets
+    ``self._format`` and ``self.frame_bytes``.
     """
 
+    _format: bytes
+    frame_bytes: int
+
     def __init__(
-        self, destination: str, *, persistent: bool, token: bytes, producer: int, size: int
+        self, headers: dict[str, str], *, persistent: bool, token: bytes, producer: int, size: int
     ) -> None:
-        self.headers = {"destination": destination}
+        self.headers = headers
         if persistent:
             self.headers["persistent"] = "true"
         self.token = token
         self.producer = producer
         self.size = size
-        body = make_body(token, producer, 0, size)
-        frame = encode_frame(Frame("SEND", dict(self.headers), body))
+        self._batch_formats: dict[int, bytes] = {}
+
+    def _encode_first(self, headers: dict[str, str]) -> tuple[bytes, bytes, bytes]:
+        """Message 0 with ``headers``, encoded: the frame, the bytes before its sequence number
+        and the bytes after it."""
+        body = make_body(self.token, self.producer, 0, self.size)
+        frame = encode_frame(Frame("SEND", headers, body))
         # The body ends the frame, just before its NUL; the sequence sits at a fixed offset.
         seq_at = len(frame) - 1 - len(body) + BODY_HEADER_BYTES - 1 - _SEQ_DIGITS
-        before = frame[:seq_at].replace(b"%", b"%%")
-        after = frame[seq_at + _SEQ_DIGITS :].replace(b"%", b"%%")
-        self._format = before + b"%0" + str(_SEQ_DIGITS).encode() + b"d" + after
-        self.frame_bytes = len(frame)
-        self._batch_formats: dict[int, bytes] = {}
+        return frame, frame[:seq_at], frame[seq_at + _SEQ_DIGITS :]
+
+    def _stamps(self, start: int, stop: int) -> tuple[int, ...]:
+        """The values ``self._format * (stop - start)`` takes for messages ``start .. stop-1``."""
+        return tuple(range(start, stop))
+
+    def _headers_of(self, seq: int) -> dict[str, str]:
+        """The headers of message ``seq``."""
+        return self.headers
 
     def frames(self, start: int, stop: int) -> bytes:
         """SEND frames for sequence numbers ``start`` to ``stop - 1``, back to back."""
@@ -82,16 +106,38 @@ class SendTemplate:
             if len(self._batch_formats) > 8:
                 self._batch_formats.clear()
             fmt = self._batch_formats[n] = self._format * n
-        return fmt % tuple(range(start, stop))
+        return fmt % self._stamps(start, stop)
 
     def frame_with_receipt(self, seq: int, receipt: str) -> bytes:
         """One SEND frame that asks for a RECEIPT (rare enough to encode from scratch)."""
-        headers = {**self.headers, "receipt": receipt}
+        headers = {**self._headers_of(seq), "receipt": receipt}
         body = make_body(self.token, self.producer, seq, self.size)
         return encode_frame(Frame("SEND", headers, body))
 
 
-class KeyedSendTemplate:
+class SendTemplate(StampedTemplate):
+    """The SEND frames of one producer: encoded once, stamped with each sequence number.
+
+    ``encode_frame`` costs about a microsecond per frame; stamping a pre-encoded frame with
+    ``%`` costs a tenth of that, and a whole batch is one formatting call in C.
+    """
+
+    def __init__(
+        self, destination: str, *, persistent: bool, token: bytes, producer: int, size: int
+    ) -> None:
+        super().__init__(
+            {"destination": destination},
+            persistent=persistent,
+            token=token,
+            producer=producer,
+            size=size,
+        )
+        frame, before, after = self._encode_first(dict(self.headers))
+        self._format = _escaped(before) + _SEQ_FORMAT + _escaped(after)
+        self.frame_bytes = len(frame)
+
+
+class KeyedSendTemplate(StampedTemplate):
     """SEND frames whose ``key_header`` is ``<key_prefix><seq % keys>``: like
     :class:`SendTemplate`, with a second stamp for the header (the filter study's ``ID``).
 
@@ -118,58 +164,33 @@ class KeyedSendTemplate:
         self.key_header = key_header
         self.key_prefix = key_prefix
         self.keys = keys
-        self.headers = {"destination": destination, key_header: "", **headers}
-        if persistent:
-            self.headers["persistent"] = "true"
-        self.token = token
-        self.producer = producer
-        self.size = size
-        body = make_body(token, producer, 0, size)
+        super().__init__(
+            {"destination": destination, key_header: "", **headers},
+            persistent=persistent,
+            token=token,
+            producer=producer,
+            size=size,
+        )
         marked = {**self.headers, key_header: key_prefix + self._MARK}
-        frame = encode_frame(Frame("SEND", marked, body))
-        seq_at = len(frame) - 1 - len(body) + BODY_HEADER_BYTES - 1 - _SEQ_DIGITS
-        head = frame[:seq_at]
+        frame, head, tail = self._encode_first(marked)
         mark = self._MARK.encode()
         if head.count(mark) != 1:
             raise ValueError(f"{self._MARK} may not appear in the headers")
         before, after = head.split(mark)
-        tail = frame[seq_at + _SEQ_DIGITS :]
-        self._format = (
-            before.replace(b"%", b"%%")
-            + b"%d"
-            + after.replace(b"%", b"%%")
-            + b"%0"
-            + str(_SEQ_DIGITS).encode()
-            + b"d"
-            + tail.replace(b"%", b"%%")
-        )
+        self._format = _escaped(before) + b"%d" + _escaped(after) + _SEQ_FORMAT + _escaped(tail)
         #: The size of a frame with a one-digit key (others are a few bytes longer).
         self.frame_bytes = len(frame) - len(mark) + 1
-        self._batch_formats: dict[int, bytes] = {}
 
-    def frames(self, start: int, stop: int) -> bytes:
-        """SEND frames for sequence numbers ``start`` to ``stop - 1``, back to back."""
-        n = stop - start
-        fmt = self._batch_formats.get(n)
-        if fmt is None:
-            if len(self._batch_formats) > 8:
-                self._batch_formats.clear()
-            fmt = self._batch_formats[n] = self._format * n
-        values: list[int] = [0] * (2 * n)
+    def _stamps(self, start: int, stop: int) -> tuple[int, ...]:
+        """Per message, its key and its sequence number."""
+        values: list[int] = [0] * (2 * (stop - start))
         keys = self.keys
         values[0::2] = [seq % keys for seq in range(start, stop)]
         values[1::2] = range(start, stop)
-        return fmt % tuple(values)
+        return tuple(values)
 
-    def frame_with_receipt(self, seq: int, receipt: str) -> bytes:
-        """One SEND frame that asks for a RECEIPT."""
-        headers = {
-            **self.headers,
-            self.key_header: f"{self.key_prefix}{seq % self.keys}",
-            "receipt": receipt,
-        }
-        body = make_body(self.token, self.producer, seq, self.size)
-        return encode_frame(Frame("SEND", headers, body))
+    def _headers_of(self, seq: int) -> dict[str, str]:
+        return {**self.headers, self.key_header: f"{self.key_prefix}{seq % self.keys}"}
 
 
 def send_explained(conn: RawClient, data: bytes) -> None:
