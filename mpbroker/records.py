@@ -170,6 +170,8 @@ class Nack(msgspec.Struct, array_like=True, gc=False):
     sub: int
     message_id: str
     receipt: str = ""
+    # False (RabbitMQ's `requeue:false`): not back to the queue but to its dead-letter queue.
+    requeue: bool = True
 
 
 class Credit(msgspec.Struct, array_like=True, gc=False):

@@ -166,7 +166,9 @@ class Engine(ABC):
                 if consumer is not None:
                     settled = consumer.settle(record.message_id)
                     if settled:
-                        self._settled(consumer, settled, nack=isinstance(record, Nack))
+                        nack = isinstance(record, Nack)
+                        requeue = record.requeue if isinstance(record, Nack) else True
+                        self._settled(consumer, settled, nack=nack, requeue=requeue)
                 self._receipt(gateway, record.conn, record.receipt)
             case Credit():
                 for sub, count in record.subs:
@@ -240,9 +242,11 @@ class Engine(ABC):
         """A producer's message arrived."""
 
     @abstractmethod
-    def _settled(self, consumer: Consumer, messages: list[Message], *, nack: bool) -> None:
+    def _settled(
+        self, consumer: Consumer, messages: list[Message], *, nack: bool, requeue: bool = True
+    ) -> None:
         """Messages left `consumer`'s window: acknowledged or written (nack=False), or
-        refused by the client (nack=True)."""
+        refused by the client (nack=True): to be given again, or (requeue=False) not."""
 
     @abstractmethod
     def _added(self, consumer: Consumer) -> None:

@@ -497,9 +497,14 @@ class QueueEngine(Engine):
             self._dispatch(queue, refilled.get(queue.name, []))
             self._drop_if_idle(queue)
 
-    def _settled(self, consumer: Consumer, messages: list[Message], *, nack: bool) -> None:
+    def _settled(
+        self, consumer: Consumer, messages: list[Message], *, nack: bool, requeue: bool = True
+    ) -> None:
         queue = self.queues[consumer.destination]
-        if nack:
+        if nack and not requeue:
+            self._reject(queue, messages)
+            self._drain(queue, queue.lane(consumer))
+        elif nack:
             refilled = self._requeue(queue, messages)
             own = queue.lane(consumer)
             self._dispatch(queue, [*refilled, own] if own.selector else refilled)
@@ -509,22 +514,33 @@ class QueueEngine(Engine):
             self._forget(queue, messages)
             self._drain(queue, queue.lane(consumer))
 
+    def _reject(self, queue: _Queue, messages: list[Message]) -> None:
+        """NACKed with requeue:false: to the dead-letter queue at once. A queue without one
+        (a dead-letter queue itself, a durable subscription's) settles them: the client
+        refused them for good."""
+        for message in messages:
+            if self._has_dead_letter_queue(queue):
+                self._dead_letter(queue, _redelivery(message), "rejected: NACK with requeue:false")
+            else:
+                self._forget(queue, [message])
+
+    def _has_dead_letter_queue(self, queue: _Queue) -> bool:
+        # Only named queues have dead-letter queues (not durable subscriptions' own).
+        return queue.name.startswith("/queue/") and not _is_dead_letter_queue(
+            queue.name, self.settings.dead_letter_prefix
+        )
+
     def _requeue(self, queue: _Queue, messages: list[Message]) -> list[_Lane]:
         """Delivered messages come back to the head of the queue, in their order; one
         returned more than `max_redeliveries` times goes to the dead-letter queue. Returns
         the selector lanes that got some back."""
         limit = self.settings.max_redeliveries
-        prefix = self.settings.dead_letter_prefix
         back: list[Message] = []
         for message in messages:
             again = _redelivery(message)
-            # Only named queues have dead-letter queues (not durable subscriptions' own).
-            if (
-                0 <= limit < again.deliveries
-                and queue.name.startswith("/queue/")
-                and not _is_dead_letter_queue(queue.name, prefix)
-            ):
-                self._dead_letter(queue, again, limit)
+            if 0 <= limit < again.deliveries and self._has_dead_letter_queue(queue):
+                reason = f"max_redeliveries {limit} exceeded ({again.deliveries} deliveries)"
+                self._dead_letter(queue, again, reason)
             else:
                 back.append(again)
         self._effects.returned.extend((queue.name, m.seq) for m in back if m.seq)
@@ -538,13 +554,12 @@ class QueueEngine(Engine):
     def _dead_letter_queue(self, queue: str) -> str:
         return f"/queue/{self.settings.dead_letter_prefix}{queue[len('/queue/') :]}"
 
-    def _dead_letter(self, queue: _Queue, message: Message, limit: int) -> None:
+    def _dead_letter(self, queue: _Queue, message: Message, reason: str) -> None:
         dead_letter_queue = self._dead_letter_queue(queue.name)
         headers = {
             **message.headers,
             "original-destination": queue.name,
-            "dead-letter-reason": f"max_redeliveries {limit} exceeded "
-            f"({message.deliveries} deliveries)",
+            "dead-letter-reason": reason,
         }
         copy = msgspec.structs.replace(
             message,

@@ -188,8 +188,12 @@ class TopicEngine(Engine):
         self._receipt(gateway, record.conn, record.receipt)
         self._check_live(topic, subscribers)
 
-    def _settled(self, consumer: Consumer, messages: list[Message], *, nack: bool) -> None:
-        if nack:
+    def _settled(
+        self, consumer: Consumer, messages: list[Message], *, nack: bool, requeue: bool = True
+    ) -> None:
+        # A NACK with requeue:false: a topic has no dead-letter queue, so the subscriber
+        # has simply refused them (dropped, as an ACK would).
+        if nack and requeue:
             # A non-durable subscriber gets a NACKed message again, before newer ones.
             consumer.pending.extendleft(
                 msgspec.structs.replace(m, redelivered=True) for m in reversed(messages)

@@ -365,8 +365,9 @@ class GatewaySession:
         self._heartbeat = negotiate_heartbeat(client_hb, server_hb) if version != "1.0" else (0, 0)
         self._client_id = frame.headers.get("client-id", "")
         headers = {"version": version, "server": BROKER_NAME, "session": f"session-{self.conn}"}
-        if version != "1.0":
-            headers["heart-beat"] = f"{server_hb[0]},{server_hb[1]}"
+        # Always there, "0,0" for a 1.0 client (which cannot heart-beat): some 1.0 clients
+        # (RabbitMQ's tests among them) read it from every CONNECTED.
+        headers["heart-beat"] = f"{server_hb[0]},{server_hb[1]}" if version != "1.0" else "0,0"
         self._data.append(encode_frame(Frame("CONNECTED", headers), version))
         self._state = transition(self._state, Event.CONNECT)
 
@@ -443,7 +444,11 @@ class GatewaySession:
             )
         kind, _ = parse_destination(destination)
         default = self.config.queues.prefetch if kind == "queue" else self.config.topics.prefetch
-        prefetch = self._int_header(frame, "activemq.prefetchSize", default, minimum=1)
+        # RabbitMQ's name for ActiveMQ's header; ActiveMQ's wins when both are there.
+        name = (
+            "prefetch-count" if "activemq.prefetchSize" not in headers else "activemq.prefetchSize"
+        )
+        prefetch = self._int_header(frame, name, default, minimum=1)
         prefix = (
             _MESSAGE_LINE
             + b"subscription:%s\n" % escape_header_value(sub_id, self._version).encode()
@@ -577,12 +582,25 @@ class GatewaySession:
                 raise SessionError(f"no subscription with id {sub_id!r}")
             sub = found
         tx = self._transaction_of(frame)
-        kind = Nack if nack else Ack
-        if tx is None:
-            self._route(sub.pipeline, kind(self.conn, sub.handle, message_id, receipt))
+        record: Ack | Nack
+        if nack:
+            requeue = self._requeue_header(frame)
+            record = Nack(self.conn, sub.handle, message_id, "" if tx else receipt, requeue)
         else:
-            tx.routes.append((sub.pipeline, kind(self.conn, sub.handle, message_id)))
+            record = Ack(self.conn, sub.handle, message_id, "" if tx else receipt)
+        if tx is None:
+            self._route(sub.pipeline, record)
+        else:
+            tx.routes.append((sub.pipeline, record))
             self._immediate_receipt(frame)
+
+    def _requeue_header(self, frame: Frame) -> bool:
+        """A NACK's `requeue` header (RabbitMQ's): `false` dead-letters the message at once
+        instead of putting it back; absent or `true` puts it back."""
+        text = frame.headers.get("requeue", "true")
+        if text not in ("true", "false"):
+            raise SessionError(f"header requeue:{text!r} must be true or false")
+        return text == "true"
 
     def _begin(self, frame: Frame, now_ms: int) -> None:
         name = self._required(frame, "transaction")

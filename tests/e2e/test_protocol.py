@@ -42,7 +42,7 @@ def test_version_1_0_without_accept_version(broker: BrokerProcess, raw: RawFacto
     client.send("CONNECT", {"login": "guest", "passcode": "guest"})
     connected = client.recv()
     assert connected.headers["version"] == "1.0"
-    assert "heart-beat" not in connected.headers
+    assert connected.headers["heart-beat"] == "0,0"  # 1.0 cannot heart-beat; always said
     client.parser.version = "1.0"
     # 1.0 allows SUBSCRIBE without an id and ACK by message-id alone.
     client.send("SUBSCRIBE", {"destination": "/queue/v10", "ack": "client"})

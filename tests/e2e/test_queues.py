@@ -192,6 +192,26 @@ def test_nack_redelivers_with_redelivered_header(broker: BrokerProcess, raw: Raw
     assert client.recv().command == "RECEIPT"
 
 
+def test_nack_with_requeue_false_dead_letters_at_once(
+    broker: BrokerProcess, raw: RawFactory
+) -> None:
+    client = raw(broker)
+    client.connect()
+    client.send(
+        "SUBSCRIBE", {"destination": "/queue/reject", "id": "n", "ack": "client-individual"}
+    )
+    client.send("SEND", {"destination": "/queue/reject"}, b"poison")
+    first = client.recv()
+    client.send("NACK", {"id": first.headers["ack"], "requeue": "false", "receipt": "r"})
+    assert client.recv().headers["receipt-id"] == "r"
+    client.assert_no_frame(0.3)  # not given again
+    client.send("SUBSCRIBE", {"destination": "/queue/DLQ.reject", "id": "d"})
+    letter = client.recv()
+    assert letter.body == b"poison"
+    assert letter.headers["dead-letter-reason"] == "rejected: NACK with requeue:false"
+    assert letter.headers["original-destination"] == "/queue/reject"
+
+
 def test_unacked_messages_of_a_disconnected_consumer_go_to_another(
     broker: BrokerProcess, raw: RawFactory
 ) -> None:

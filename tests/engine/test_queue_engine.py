@@ -317,6 +317,28 @@ def test_nack_puts_the_message_back_first_marked_redelivered() -> None:
     assert engine.depth(Q) == 1
 
 
+def test_nack_with_requeue_false_dead_letters_at_once_and_the_next_message_follows() -> None:
+    engine = make_engine()
+    engine.handle(0, subscribe(1, 1, ack_mode=ACK_INDIVIDUAL, prefetch=1))
+    send_all(engine, ["m1", "m2"])
+    engine.outbox.take()
+    engine.handle(0, Nack(1, 1, "m1", "r", requeue=False))
+    out = engine.outbox.take()
+    assert [m.message_id for m in delivered_messages(out)] == ["m2"]
+    assert Receipt(1, "r") in out[0]
+    [letter] = engine.queues["/queue/DLQ.q"].pending
+    assert letter.message_id == "m1"
+    assert letter.headers["dead-letter-reason"] == "rejected: NACK with requeue:false"
+    assert letter.headers["original-destination"] == Q
+    assert engine.queues[Q].held_messages == 1  # m2, in the window
+    # On the dead-letter queue itself, requeue:false drops it: there is nowhere further.
+    engine.handle(0, subscribe(1, 2, ack_mode=ACK_INDIVIDUAL, destination="/queue/DLQ.q"))
+    engine.outbox.take()
+    engine.handle(0, Nack(1, 2, "m1", requeue=False))
+    assert engine.outbox.take() == {}
+    assert engine.depth("/queue/DLQ.q") == 0
+
+
 def test_client_mode_nack_is_cumulative_and_keeps_the_original_order() -> None:
     engine = make_engine()
     engine.handle(0, subscribe(1, 1, ack_mode=ACK_CLIENT, prefetch=3))

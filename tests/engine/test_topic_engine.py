@@ -28,6 +28,7 @@ from mpbroker.records import (
     Receipt,
     Record,
     Refuse,
+    Send,
     Subscribe,
     Unsubscribe,
     decode_page,
@@ -584,3 +585,13 @@ TopicPagingMachine.TestCase.settings = settings(
     max_examples=100, stateful_step_count=40, deadline=None, suppress_health_check=list(HealthCheck)
 )
 test_topic_paging_keeps_its_invariants = TopicPagingMachine.TestCase
+
+
+def test_a_topic_nack_with_requeue_false_drops_the_message_for_that_subscriber() -> None:
+    engine = TopicEngine(TopicSettings(), 1, Outbox())
+    engine.handle(0, Subscribe(1, 1, "s", "/topic/t", ACK_INDIVIDUAL, 10))
+    engine.handle(0, Send(1, make_message("m1", "/topic/t")))
+    engine.outbox.take()
+    engine.handle(0, Nack(1, 1, "m1", requeue=False))
+    assert engine.outbox.take() == {}
+    assert engine.consumers[(0, 1, 1)].unacked == {} and engine.live_total == 0

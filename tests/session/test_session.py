@@ -170,15 +170,17 @@ def test_stomp_command_connects_like_connect() -> None:
     assert session.client_id == "me"
 
 
-def test_connected_offers_the_configured_heart_beat_except_to_1_0_clients() -> None:
+def test_connected_offers_the_configured_heart_beat_and_0_0_to_1_0_clients() -> None:
     config = replace_settings(Config(), "stomp", heartbeat_send_ms=500, heartbeat_receive_ms=2000)
     for version in ("1.1", "1.2"):
         session = new_session(config)
         session.frame_received(frame("CONNECT", accept_version=version), NOW)
         assert frames(session)[0].headers["heart-beat"] == "500,2000"
     session = new_session(config)
-    session.frame_received(frame("CONNECT", accept_version="1.0"), NOW)
-    assert "heart-beat" not in frames(session)[0].headers
+    session.frame_received(frame("CONNECT", accept_version="1.0", heart_beat="10,10"), NOW)
+    # Always there (STOMP 1.0 clients such as RabbitMQ's tests read it), and 1.0 has none.
+    assert frames(session)[0].headers["heart-beat"] == "0,0"
+    assert session.heartbeat == (0, 0)
 
 
 @pytest.mark.parametrize(
@@ -391,6 +393,39 @@ def test_prefetch_size_header_overrides_the_default() -> None:
     [(_, record)] = routes(session)
     assert isinstance(record, Subscribe)
     assert record.prefetch == 3
+
+
+def test_nack_carries_rabbitmq_s_requeue_header() -> None:
+    session = connected()
+    sub = subscribed(session, "s1")
+    for headers, requeue in (
+        ({}, True),
+        ({"requeue": "true"}, True),
+        ({"requeue": "false"}, False),
+    ):
+        session.frame_received(Frame("NACK", {"id": f"{sub.sub}/m1", **headers}), NOW)
+        [(_, record)] = routes(session)
+        assert record == Nack(CONN, sub.sub, "m1", "", requeue)
+    session.frame_received(Frame("NACK", {"id": f"{sub.sub}/m1", "requeue": "no"}), NOW)
+    assert error_of(session).headers["message"] == "header requeue:'no' must be true or false"
+
+
+def test_rabbitmq_prefetch_count_is_a_synonym_and_activemq_s_header_wins() -> None:
+    session = connected()
+    for headers, expected in (
+        ({"prefetch-count": "7"}, 7),
+        ({"prefetch-count": "7", "activemq.prefetchSize": "3"}, 3),
+    ):
+        sub_id = f"s{expected}"
+        session.frame_received(
+            Frame("SUBSCRIBE", {"id": sub_id, "destination": "/queue/q", **headers}), NOW
+        )
+        [(_, record)] = routes(session)
+        assert isinstance(record, Subscribe) and record.prefetch == expected
+    session.frame_received(
+        Frame("SUBSCRIBE", {"id": "bad", "destination": "/queue/q", "prefetch-count": "0"}), NOW
+    )
+    assert "prefetch-count" in error_of(session).headers["message"]
 
 
 @pytest.mark.parametrize("value", ["0", "-1", "many", ""])
