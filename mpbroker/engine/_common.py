@@ -152,6 +152,16 @@ class Engine(ABC):
         self.window_bytes_for = window_bytes_for
         self.delivered = 0
         self.received = 0
+        # The worker's clock, set before each batch (`tick`: an engine reads no clock).
+        self.now_ms = 0
+
+    def tick(self, now_ms: int) -> None:
+        """The worker's clock, before each batch: expiry compares with it."""
+        self.now_ms = now_ms
+
+    @abstractmethod
+    def expire_scan(self, now_ms: int) -> int:
+        """Drop every waiting message whose time is up; returns how many."""
 
     def configure_windows(self, window_bytes_for: Callable[[str], int]) -> None:
         """New byte windows (a configuration reload), for subscriptions from now on."""

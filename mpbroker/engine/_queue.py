@@ -242,8 +242,6 @@ class QueueEngine(Engine):
         self.held_bytes = 0
         self._effects = QueueEffects()
         self.expiry_for = expiry_for
-        # The worker's clock, set before each batch (`tick`: the engine reads no clock).
-        self.now_ms = 0
         self.expired = 0
         self.index_cache = index_cache
         self.cached = 0
@@ -266,10 +264,6 @@ class QueueEngine(Engine):
         """What the engine's work since the last call left for the worker."""
         effects, self._effects = self._effects, QueueEffects()
         return effects
-
-    def tick(self, now_ms: int) -> None:
-        """The worker's clock, before each batch: expiry on read compares with it."""
-        self.now_ms = now_ms
 
     def configure_expiry(self, expiry_for: Callable[[str], ExpiryPolicy]) -> None:
         """New expiry policies (a configuration reload)."""

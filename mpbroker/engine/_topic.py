@@ -11,7 +11,7 @@ import msgspec
 
 from mpbroker.config import TopicSettings
 from mpbroker.errors import LimitReached
-from mpbroker.flow import FlowChange, Level, Watermark
+from mpbroker.flow import DISCARD, ExpiryPolicy, FlowChange, Level, Watermark, expired_log_line
 from mpbroker.records import (
     NO_HEADERS,
     Deliver,
@@ -49,6 +49,12 @@ class TopicEffects:
 
     #: Topics whose publishers the live buffer stopped or let go ("": every topic).
     flow_changes: list[FlowChange] = field(default_factory=list)
+    #: Lines the `log` expiry policy wrote (WebLogic's format), for the expiry log.
+    expiry_log: list[str] = field(default_factory=list)
+
+
+def _discard(topic: str) -> ExpiryPolicy:
+    return DISCARD
 
 
 class TopicEngine(Engine):
@@ -73,12 +79,17 @@ class TopicEngine(Engine):
         live_mark_for: Callable[[str], Watermark] | None = None,
         global_live_byte_mark: Watermark | None = None,
         pager: SharedPager | None = None,
+        expiry_for: Callable[[str], ExpiryPolicy] = _discard,
+        expiry_on_read: bool = True,
     ) -> None:
         """`live_mark_for`: a topic's live-buffer watermarks ([destinations] tables; default
         `topics.live_msg_high/low`). `global_live_byte_mark`: the live buffer's global byte
         watermark as flow control applies it (default `topics.global_live_byte_high/low`;
         off where a temp store pages instead). `pager`: where waiting messages go while
-        `paging` is on (flow-to-disk)."""
+        `paging` is on (flow-to-disk). `expiry_for`: each topic's expiry policy for
+        messages whose time is up in the live buffer (`discard`, or `log`; a topic has no
+        error destination, so `redirect` logs them too); `expiry_on_read`: such messages are
+        dropped when met on their way to a subscriber, not only by `expire_scan`."""
         super().__init__(pipeline, outbox, window_bytes_for)
         self.settings = settings
         self.topics: dict[str, list[Consumer]] = {}
@@ -123,6 +134,13 @@ class TopicEngine(Engine):
         self.paging = False
         self.page_refs: dict[int, list[int]] = {}
         self.paged_bytes = 0  # per entry, as live_bytes counts
+        self.expiry_for = expiry_for
+        self.expiry_on_read = expiry_on_read
+        self.expired = 0  # backlog entries (a message once per subscriber it waited for)
+
+    def configure_expiry(self, expiry_for: Callable[[str], ExpiryPolicy]) -> None:
+        """New expiry policies (a configuration reload)."""
+        self.expiry_for = expiry_for
 
     def take_effects(self) -> TopicEffects:
         """What the engine's work since the last call left for the worker."""
@@ -137,6 +155,12 @@ class TopicEngine(Engine):
         if not message.size:
             message.size = message_size(message)  # once, for every subscriber's byte window
         topic = message.destination
+        if self.expiry_on_read and 0 < message.expires_ms <= self.now_ms:
+            # Its time was up before it reached anyone (a ttl shorter than the way here).
+            self.received += 1
+            self._expired(topic, message)
+            self._receipt(gateway, record.conn, record.receipt)
+            return
         index = self.indexes.get(topic)
         subscribers: Sequence[Consumer]
         if index is None:
@@ -224,7 +248,11 @@ class TopicEngine(Engine):
         gateway, conn, sub = consumer.key
         moved = bool(consumer.pending)
         while consumer.pending and consumer.ready:
-            message = self._unstub(consumer.pending.popleft(), read=True)
+            entry = consumer.pending.popleft()
+            if self.expiry_on_read and 0 < entry.expires_ms <= self.now_ms:
+                self._expire_entry(consumer.destination, entry)
+                continue
+            message = self._unstub(entry, read=True)
             self.live_total -= 1
             self.live_bytes -= message.size
             consumer.take(message)
@@ -234,6 +262,43 @@ class TopicEngine(Engine):
             if not consumer.pending:
                 self._caught_up(consumer)
             self._check_live(consumer.destination, ())
+
+    def expire_scan(self, now_ms: int) -> int:
+        """Drop every backlog entry whose time is up (iBus' live-buffer cleanup); returns
+        how many. Messages already in a window are left to their subscriber."""
+        total = 0
+        for topic, backlogged in list(self.backlogged.items()):
+            for consumer in list(backlogged):
+                pending = consumer.pending
+                if not any(0 < m.expires_ms <= now_ms for m in pending):
+                    continue
+                keep: deque[Message] = deque()
+                for entry in pending:
+                    if 0 < entry.expires_ms <= now_ms:
+                        self._expire_entry(topic, entry)
+                        total += 1
+                    else:
+                        keep.append(entry)
+                consumer.pending = keep
+                if not keep:
+                    self._caught_up(consumer)
+            self._check_live(topic, ())
+        return total
+
+    def _expire_entry(self, topic: str, entry: Message) -> None:
+        """A backlog entry's time is up: out of the live buffer, under the topic's policy
+        (a paged one is read back only when the policy logs it)."""
+        logs = self.expiry_for(topic).policy != "discard"
+        message = self._unstub(entry, read=logs)  # (changes live_bytes first)
+        self.live_total -= 1
+        self.live_bytes -= message.size
+        self._expired(topic, message)
+
+    def _expired(self, topic: str, message: Message) -> None:
+        self.expired += 1
+        policy = self.expiry_for(topic)
+        if policy.policy != "discard":
+            self._effects.expiry_log.append(expired_log_line(message, policy.log_fields))
 
     def _caught_up(self, consumer: Consumer) -> None:
         """`consumer` has no backlog any more."""

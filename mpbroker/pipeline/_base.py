@@ -14,7 +14,7 @@ Shared by both kinds:
   answer;
 - flow control's announcements: the stops and releases of every watched store go to every
   gateway (`FlowState`), and a restarted gateway hears the stops in force;
-- the queue engine's clock and its expiry scan;
+- the engines' clock and their expiry scans;
 - paging of non-persistent messages to the temp store.
 """
 
@@ -113,13 +113,15 @@ class Pipeline(ABC):
             self._handle(gateway, record)
 
     def tick(self, now_ms: int) -> None:
-        """Before each batch: the queue engine's clock, and its expiry scan when due."""
-        engine = self.queue_engine
-        engine.tick(now_ms)
+        """Before each batch: the engines' clock, and their expiry scans when due (a
+        topic's live buffer is scanned like a queue: iBus' live-buffer cleanup)."""
+        engines = self._engines()
+        for engine in engines:
+            engine.tick(now_ms)
         interval = self.config.queues.expiry_scan_interval_s
         if interval and now_ms >= self._next_expiry_scan_ms:
             self._next_expiry_scan_ms = now_ms + int(interval * 1000)
-            expired = engine.expire_scan(now_ms)
+            expired = sum(engine.expire_scan(now_ms) for engine in engines)
             if expired:
                 log.info("expired %d messages", expired)
 

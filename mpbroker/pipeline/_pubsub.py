@@ -17,9 +17,12 @@ from mpbroker.engine import Engine, Outbox, QueueEngine, TopicEngine
 from mpbroker.flow import (
     STORE_LIVE,
     STORE_TOPICS,
+    ExpiryPolicy,
+    FlowChange,
     FlowTracker,
     Watermark,
     destination_limits,
+    expiry_policies,
     store_limits,
 )
 from mpbroker.records import Barrier, FlowState, Record, ReplayBatch, ReplayHello
@@ -32,6 +35,8 @@ from ._paging import VolatilePaging, live_byte_mark, topic_paging_mark
 __all__ = ["PubSubPipeline"]
 
 log = logging.getLogger("mpbroker.pipeline")
+# The expiry policy `log`: one line per expired message, in WebLogic's format.
+expiry_log = logging.getLogger("mpbroker.expiry")
 
 
 def _live_marks(config: Config) -> Callable[[str], Watermark]:
@@ -46,6 +51,13 @@ def _live_marks(config: Config) -> Callable[[str], Watermark]:
         return Watermark(table.live_msg_high, table.live_msg_low)
 
     return mark_for
+
+
+def _topic_expiry(config: Config) -> Callable[[str], ExpiryPolicy]:
+    """Per topic: its expiry policy for the live buffer ([destinations] over [queues]).
+    A topic has no error destination of its own, so `redirect` logs, as for stored topic
+    messages (TopicPersistence)."""
+    return expiry_policies(config, owns=lambda destination: False)
 
 
 class PubSubPipeline(Pipeline):
@@ -73,7 +85,10 @@ class PubSubPipeline(Pipeline):
             live_mark_for=_live_marks(config),
             global_live_byte_mark=live_byte_mark(config),
             pager=temp_store,
+            expiry_for=_topic_expiry(config),
+            expiry_on_read=config.queues.expiry_on_read,
         )
+        self._live_flow_changes: list[FlowChange] = []
         paging = None
         if temp_store is not None:
             paging = VolatilePaging(self.topics, temp_store, config, topic_paging_mark)
@@ -141,7 +156,16 @@ class PubSubPipeline(Pipeline):
             self.durables.persistence.commit()
         self.durables.handle(gateway, record)
 
+    def _take_topic_effects(self) -> None:
+        """The topic engine's effects: expiry log lines written, stop changes kept for
+        the announcement."""
+        effects = self.topics.take_effects()
+        for line in effects.expiry_log:
+            expiry_log.info("%s", line)
+        self._live_flow_changes += effects.flow_changes
+
     def _step(self) -> None:
+        self._take_topic_effects()
         durables = self.durables
         durables.pump()
         durables.persistence.commit_if_due()
@@ -173,6 +197,7 @@ class PubSubPipeline(Pipeline):
             live_byte_mark(config),
         )
         self.durables.persistence.configure_expiry(config)
+        self.topics.configure_expiry(_topic_expiry(config))
 
     def _flow_in_force_extra(self) -> list[FlowState]:
         return [
@@ -181,7 +206,9 @@ class PubSubPipeline(Pipeline):
         ]
 
     def _flow_changes_extra(self) -> list[FlowState]:
+        self._take_topic_effects()  # (more since the step, after a reload)
+        changes, self._live_flow_changes = self._live_flow_changes, []
         return [
             FlowState(self.index, STORE_LIVE, change.destination, change.reason)
-            for change in self.topics.take_effects().flow_changes
+            for change in changes
         ]

@@ -11,7 +11,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, ru
 
 from mpbroker.config import TopicSettings
 from mpbroker.engine import Outbox, TopicEngine
-from mpbroker.flow import FlowChange
+from mpbroker.flow import ExpiryPolicy, FlowChange
 from mpbroker.records import (
     ACK_AUTO,
     ACK_CLIENT,
@@ -595,3 +595,60 @@ def test_a_topic_nack_with_requeue_false_drops_the_message_for_that_subscriber()
     engine.handle(0, Nack(1, 1, "m1", requeue=False))
     assert engine.outbox.take() == {}
     assert engine.consumers[(0, 1, 1)].unacked == {} and engine.live_total == 0
+
+
+# -- expiry in the live buffer ----------------------------------------------------------------
+
+
+def expiring(engine: TopicEngine, message_id: str, expires_ms: int, **headers: str) -> None:
+    message = make_message(message_id, T, headers=headers)
+    message.expires_ms = expires_ms
+    engine.handle(9, Send(1, message))
+
+
+def test_an_expired_backlog_entry_is_dropped_on_its_way_to_a_slow_subscriber() -> None:
+    engine = make_engine()
+    engine.handle(0, subscribe(1, 1, ack_mode=ACK_INDIVIDUAL, prefetch=1))
+    engine.tick(1_000)
+    expiring(engine, "m1", 0)
+    expiring(engine, "m2", 1_500)  # waits behind m1, expires while it waits
+    expiring(engine, "m3", 0)
+    assert ids_for(engine.outbox.take(), 0, 1, 1) == ["m1"]
+    assert engine.live_total == 2
+    engine.tick(2_000)
+    engine.handle(0, Ack(1, 1, "m1"))
+    assert ids_for(engine.outbox.take(), 0, 1, 1) == ["m3"]
+    assert (engine.live_total, engine.live_bytes, engine.expired) == (0, 0, 1)
+    assert engine.backlogged == {}
+
+
+def test_a_message_expired_before_it_reaches_anyone_is_not_delivered() -> None:
+    engine = make_engine()
+    engine.handle(0, subscribe(1, 1))
+    engine.tick(5_000)
+    expiring(engine, "late", 4_000)
+    assert deliveries(engine.outbox.take()) == []
+    assert engine.expired == 1
+
+
+def test_the_expiry_scan_empties_expired_entries_from_every_backlog_and_logs_them() -> None:
+    policy = ExpiryPolicy("log", ("%properties%",), "")
+    pager = FakePager()
+    engine = TopicEngine(
+        TopicSettings(), PIPELINE, Outbox(), pager=pager, expiry_for=lambda topic: policy
+    )
+    for sub in (1, 2):
+        engine.handle(0, subscribe(1, sub, ack_mode=ACK_INDIVIDUAL, prefetch=1))
+    expiring(engine, "first", 0)
+    engine.paging = True  # the rest wait paged: the log policy reads them back
+    expiring(engine, "old", 1_500, color="red")
+    expiring(engine, "young", 9_000)
+    engine.outbox.take()
+    assert engine.live_total == 4 and len(pager.bodies) == 2
+    assert engine.expire_scan(2_000) == 2
+    assert engine.live_total == 2 and len(pager.bodies) == 1  # old's page is gone
+    lines = engine.take_effects().expiry_log
+    assert len(lines) == 2 and all("color" in line and "red" in line for line in lines)
+    engine.tick(2_000)
+    engine.handle(0, Ack(1, 1, "first"))
+    assert ids_for(engine.outbox.take(), 0, 1, 1) == ["young"]
