@@ -164,8 +164,11 @@ class Pipeline(ABC):
         log.info("flow settings reloaded")
 
     @abstractmethod
-    def close(self) -> None:
-        """Close the stores."""
+    def close(self, *, clean: bool = False) -> None:
+        """Close the stores. `clean`: the worker stops in order (a signal, not an error):
+        the stored messages still in consumers' windows are counted as delivered and the
+        stores marked, so the next start flags `redelivered` only on messages that were
+        delivered (after a crash it flags every one)."""
 
     # -- what each kind does -------------------------------------------------------------
 

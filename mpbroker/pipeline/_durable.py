@@ -296,7 +296,8 @@ class Durables:
         """
         orphans = self.store.recover(epoch_ms())
         self.last_stored = max(self.store.messages.live_seqs(), default=0)
-        self.redeliver_below = self.last_stored + 1
+        # After a clean stop (`stop_cleanly`) the delivery counts are complete.
+        self.redeliver_below = 0 if self.store.messages.stopped_cleanly else self.last_stored + 1
         # What the store holds per topic, from index rows only (no bodies read).
         for stored in self.store.messages.live(full=0):
             self.flow.add(stored.message.destination, 1, stored.message.size)
@@ -304,6 +305,24 @@ class Durables:
         # Our predecessor's places in the replay worker are ours to give back.
         self._to_replay.append(ReplayRelease(self.pipeline))
         return orphans
+
+    def stop_cleanly(self) -> None:
+        """The worker stops in order: what is in durable subscribers' windows may have
+        reached them, so it counts as delivered; then the store is marked, and the next start
+        flags `redelivered` only on what was delivered (after a crash, on everything stored
+        before it)."""
+        in_windows = [
+            (_subscription(c.destination), m.seq)
+            for c in self.queues.consumers.values()
+            for m in c.unacked.values()
+            if m.seq
+        ]
+        try:
+            if in_windows:
+                self.store.returned(in_windows)
+            self.store.messages.mark_clean_stop()
+        except StoreError as exc:
+            log.error("store error while stopping (the next start flags every message): %s", exc)
 
     def stats(self) -> list[DurableRow]:
         """For the admin API: every durable subscription and what it is doing."""

@@ -119,7 +119,9 @@ class P2PPipeline(Pipeline):
         temp = self.paging.statistics() if self.paging is not None else None
         return queue_worker_stats(title, pid, at_ms, self.queue_engine, self.flow_trackers, temp)
 
-    def close(self) -> None:
+    def close(self, *, clean: bool = False) -> None:
+        if clean:
+            self.persistence.stop_cleanly()
         self.persistence.store.close()
         if self.paging is not None:
             self.paging.close()

@@ -69,24 +69,39 @@ class QueuePersistence:
     def recover(self) -> int:
         """Put every unsettled stored message back in its queue; returns how many.
 
-        They may have been delivered before the restart, so they are marked redelivered:
-        at least once, and never a duplicate without `redelivered:true`.
+        After a crash any of them may have been delivered before the restart, so all are
+        marked redelivered: at least once, and never a duplicate without
+        `redelivered:true`. After a clean stop (`stop_cleanly`) the store's delivery counts
+        are complete: only the messages delivered before are marked.
         """
+        clean = self.store.stopped_cleanly
         restored = 0
         # Only the first index_cache_entries come with their bodies: a restart with a
         # large backlog does not read every body into memory.
         cache = self.engine.index_cache
         for stored in self.store.live(full=cache.max_entries if cache is not None else None):
-            # Counted as delivered once more: it may have reached a consumer before.
+            # After a crash, counted as delivered once more: it may have reached a consumer.
+            deliveries = stored.deliveries if clean else stored.deliveries + 1
             message = msgspec.structs.replace(
-                stored.message,
-                seq=stored.seq,
-                deliveries=stored.deliveries + 1,
-                redelivered=True,
+                stored.message, seq=stored.seq, deliveries=deliveries, redelivered=deliveries > 0
             )
             self.engine.restore(message)
             restored += 1
         return restored
+
+    def stop_cleanly(self) -> None:
+        """The worker stops in order: what is in consumers' windows may have reached a
+        client, so it counts as delivered; then the store is marked (see `recover`). If the
+        store cannot record it, it is not marked: the next start flags every message."""
+        in_windows = [
+            m.seq for c in self.engine.consumers.values() for m in c.unacked.values() if m.seq
+        ]
+        try:
+            if in_windows:
+                self.store.record_delivery(in_windows)
+            self.store.mark_clean_stop()
+        except StoreError as exc:
+            log.error("store error while stopping (the next start flags every message): %s", exc)
 
     def offer(self, gateway: int, record: Send) -> None:
         """A persistent SEND: admitted against the limits, then buffered for the store."""

@@ -145,7 +145,9 @@ class PubSubPipeline(Pipeline):
             temp,
         )
 
-    def close(self) -> None:
+    def close(self, *, clean: bool = False) -> None:
+        if clean:
+            self.durables.stop_cleanly()
         self.durables.store.close()
         if self.paging is not None:
             self.paging.close()

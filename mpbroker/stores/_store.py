@@ -67,6 +67,8 @@ log = logging.getLogger(__name__)
 # "unsubscribed": a durable topic subscription was removed with its backlog (TopicStore).
 OUTCOMES: Final = frozenset({"acked", "expired", "dead-lettered", "unsubscribed"})
 MARKER_NAME: Final = "mpbroker-store"
+# Written by `mark_clean_stop` as the owner stops in order; taken (removed) by the next open.
+CLEAN_STOP_NAME: Final = "clean-stop"
 MARKER_TEXT: Final = "mpbroker message store 1\n"
 ARCHIVE_DIR: Final = "archive"
 
@@ -217,6 +219,10 @@ class MessageStore:
         # Told (destination, size) of every message it settles: flow control's counts of
         # what a topic store holds per destination.
         self.on_settled: Callable[[list[tuple[str, int]]], None] | None = None
+        # Whether the last owner stopped in order (`mark_clean_stop`): then the delivery
+        # counts are complete, and a message never counted was never delivered. After a
+        # crash any live message may have reached a client.
+        self.stopped_cleanly = False
 
     # -- opening ------------------------------------------------------------------------------
 
@@ -240,6 +246,7 @@ class MessageStore:
             directory.mkdir(parents=True, exist_ok=True)
             _check_marker(directory)
             _remove_leftovers(directory)
+            stopped_cleanly = _take_clean_stop(directory)
         except OSError as exc:
             raise StoreError(directory, "open", str(exc)) from exc
         indexes = sorted(
@@ -257,6 +264,7 @@ class MessageStore:
                     )
                 )
             store = cls(directory, settings, segments, clock)
+            store.stopped_cleanly = stopped_cleanly
             store._rebuild()
             store._ensure_active()
             store._retire_settled()
@@ -697,6 +705,22 @@ class MessageStore:
             for s in self._segments
         ]
 
+    def mark_clean_stop(self) -> None:
+        """Say that every delivery that may have reached a client is counted in the store
+        (the owner counted those still in consumers' windows with `record_delivery`), so
+        the next open may trust the counts (`stopped_cleanly`). Call it last, just before
+        `close()`: a write after it would not be covered."""
+        self._ensure_open("mark_clean_stop()")
+        path = self.directory / CLEAN_STOP_NAME
+        try:
+            with open(path, "w") as fh:
+                fh.write("stopped in order\n")
+                fh.flush()
+                os.fsync(fh.fileno())
+            fsync_directory(self.directory)
+        except OSError as exc:
+            raise StoreError(path, "mark_clean_stop", str(exc)) from exc
+
     def close(self) -> None:
         """Close every segment (idempotent)."""
         if self._closed:
@@ -740,6 +764,18 @@ def _check_marker(directory: Path) -> None:
         os.fsync(fh.fileno())
     os.replace(tmp, marker)
     fsync_directory(directory)
+
+
+def _take_clean_stop(directory: Path) -> bool:
+    """Whether the last owner stopped in order; the mark is removed at once (made durable
+    before anything is written), so a crash of this run is never taken for a clean stop."""
+    path = directory / CLEAN_STOP_NAME
+    try:
+        path.unlink()
+    except FileNotFoundError:
+        return False
+    fsync_directory(directory)
+    return True
 
 
 def _remove_leftovers(directory: Path) -> None:

@@ -172,8 +172,9 @@ class PipelineWorker:
                 return
             park(self.park_readers, base.doorbell, park_timeout)
 
-    def close(self) -> None:
-        self.pipeline.close()
+    def close(self, *, clean: bool = False) -> None:
+        """`clean`: it stopped in order (see Pipeline.close)."""
+        self.pipeline.close(clean=clean)
         if self.replay_bell is not None:
             self.replay_bell.close()
         for ring in self.rings:
@@ -187,7 +188,10 @@ def run_pipeline(spec: WorkerSpec) -> None:
     stop = StopOnSignal()
     worker = PipelineWorker(spec)
     stop.wake(worker.base.doorbell)
+    clean = False
     try:
         worker.run(stop)
+        # Asked to stop (not left by the supervisor, not an error): a clean stop.
+        clean = stop.requested
     finally:
-        worker.close()
+        worker.close(clean=clean)

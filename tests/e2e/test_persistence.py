@@ -70,6 +70,39 @@ def test_acked_messages_do_not_come_back_after_a_restart(
     again.assert_no_frame(0.5)
 
 
+def test_after_a_clean_stop_only_delivered_messages_come_back_redelivered(
+    start_broker: type[BrokerProcess], raw: RawFactory
+) -> None:
+    first = start_broker("--gateways", "1")
+    client = raw(first)
+    client.connect()
+    send_persistent(client, "/queue/clean", [b"%d" % n for n in range(6)])
+    client.send(
+        "SUBSCRIBE",
+        {
+            "destination": "/queue/clean",
+            "id": "c",
+            "ack": "client-individual",
+            "activemq.prefetchSize": "2",
+        },
+    )
+    assert [client.recv().body for _ in range(2)] == [b"0", b"1"]  # left unacknowledged
+    assert first.stop() == 0  # SIGTERM: an orderly stop
+    second = start_broker("--gateways", "1", data_dir=first.data_dir)
+    again = raw(second)
+    again.connect()
+    again.send("SUBSCRIBE", {"destination": "/queue/clean", "id": "c"})
+    got = [again.recv(timeout=15) for _ in range(6)]
+    assert [(f.body, f.headers.get("redelivered")) for f in got] == [
+        (b"0", "true"),
+        (b"1", "true"),
+        (b"2", None),
+        (b"3", None),
+        (b"4", None),
+        (b"5", None),
+    ]
+
+
 def test_non_persistent_messages_are_not_stored(
     start_broker: type[BrokerProcess], raw: RawFactory
 ) -> None:

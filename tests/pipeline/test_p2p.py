@@ -184,3 +184,25 @@ def test_statistics_show_each_queue_and_consumer(open_pipeline: Any) -> None:
     assert row.stores["vol_queue_store"].messages == 2
     [consumer] = stats.consumers
     assert (consumer.unacknowledged, consumer.ack) == (2, "client")
+
+
+def test_after_a_clean_stop_only_what_was_delivered_comes_back_redelivered(
+    open_pipeline: Any,
+) -> None:
+    first = open_pipeline()
+    sends = [(0, Send(1, message(n, persistent=True), f"r{n}")) for n in range(3)]
+    turn(first, *sends)
+    # m0 reaches a consumer (and stays in its window): the others were never delivered.
+    consumer = Subscribe(1, 1, "s1", "/queue/q", ACK_CLIENT, 1)
+    assert [d.message.message_id for d in of_type(turn(first, (0, consumer)), Deliver)] == ["m0"]
+    first.close(clean=True)
+    again = open_pipeline(incarnation=1)
+    restored = list(again.queue_engine.queues["/queue/q"].pending)
+    assert [(m.message_id, m.redelivered) for m in restored] == [
+        ("m0", True),
+        ("m1", False),
+        ("m2", False),
+    ]
+    # The mark is taken at start: after a crash of this run, everything is flagged again.
+    third = open_pipeline(incarnation=2)
+    assert all(m.redelivered for m in third.queue_engine.queues["/queue/q"].pending)

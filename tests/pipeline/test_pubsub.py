@@ -171,3 +171,20 @@ def test_a_publish_buffered_before_a_selector_change_is_not_kept_for_the_new_one
     store = pipeline.durables.store
     assert store.selectors() == {"app/d": "k = 'b'"}
     assert store.backlog("app/d") == 0
+
+
+def test_after_a_clean_stop_a_durable_backlog_is_not_flagged_redelivered(
+    open_pipeline: Any,
+) -> None:
+    first = open_pipeline()
+    turn(first, durable(), ConnClosed(2))
+    turn(first, publish(1), publish(2))
+    first.close(clean=True)
+    again = open_pipeline(incarnation=1)
+    again.take_replay_records()
+    turn(again, durable(sub=5, conn=3))
+    [request] = again.take_replay_records()
+    assert isinstance(request, ReplayRequest) and request.redeliver_below == 0
+    crashed = open_pipeline(incarnation=2)  # no mark now: everything stored is flagged
+    crashed.take_replay_records()
+    assert crashed.durables.redeliver_below > 2

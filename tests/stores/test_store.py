@@ -402,3 +402,15 @@ def test_on_settled_names_the_destination_and_size_of_each_message_it_settles(
         store.settle([seqs[1], 999], "acked", 5)
         store.settle([seqs[1]], "acked", 6)  # already settled: not told again
         assert told == [("/topic/b", message_size(second))]
+
+
+def test_a_clean_stop_mark_is_seen_once_by_the_next_open(tmp_path: Path) -> None:
+    with open_store(tmp_path / "s") as store:
+        assert not store.stopped_cleanly
+        store.mark_clean_stop()
+    with open_store(tmp_path / "s") as store:
+        assert store.stopped_cleanly
+        # Taken at open: a crash of this run is never mistaken for a clean stop.
+        assert not (tmp_path / "s" / "clean-stop").exists()
+    with open_store(tmp_path / "s") as store:
+        assert not store.stopped_cleanly
