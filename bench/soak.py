@@ -117,6 +117,8 @@ _FLOW_STOP = re.compile(r"flow: producers to (.+?) stopped: (.+?) reached")
 _FLOW_GO = re.compile(r"flow: producers to (.+?) may go again")
 _LOG_LEVEL = re.compile(r"\s(WARNING|ERROR|CRITICAL)\s")
 _REFUSED_SEND = "refused a SEND from"
+# The broker collapses repeats (mpbroker.logs): "refused a SEND: … and 95 more like it from …".
+_REFUSED_SENDS_MORE = re.compile(r"refused a SEND: \S* and ([\d,]+) more like it")
 
 
 def soak_config(*, send_timeout_ms: int, destination: str) -> str:
@@ -748,6 +750,8 @@ class BrokerLog:
                     self.longest_stop_s = max(self.longest_stop_s, now - since)
             elif _REFUSED_SEND in line:
                 self.refused_sends += 1
+            elif more := _REFUSED_SENDS_MORE.search(line):
+                self.refused_sends += int(more.group(1).replace(",", ""))
             elif self.feed_more(line, now):
                 pass
             elif _LOG_LEVEL.search(line):

@@ -1,23 +1,270 @@
-"""One logging set-up for every process: one line per event on stderr.
+"""One logging set-up for every process, and the log's defences against its clients.
 
 Each line carries the time, the level, the process role and its pid, so the interleaved
 output of a supervisor and its workers can be read (and grepped) as one log.
+
+A client must not be able to flood the log, nor write into it. Every line a client can
+cause over and over (a refused frame, a protocol error, a refused connection) goes through
+`log_collapsed`: the first of a kind from one address is logged, the next ones within
+`COLLAPSE_WINDOW_S` are only counted, and one line sums them up when the window ends
+("… and 5,211 more like it from 127.0.0.1 in the last 10 s"). Whatever a client wrote that
+a line quotes goes through `client_text`: cut, and with control characters escaped, so it
+can neither hide the rest of the line nor forge another one; `LineFormatter` escapes every
+message the same way, under the lines that quote without it. The deciding is pure
+(`Collapser`, with the clock passed in); `log_collapsed` and `flush_collapsed` are its shell.
+Every worker's loop calls `flush_collapsed` once per turn, so a window's summary comes when
+the window ends, not only when the next event does.
 """
 
 from __future__ import annotations
 
 import logging
 import sys
+import threading
+import time
+from collections import OrderedDict
+from dataclasses import dataclass
 
-__all__ = ["setup_logging"]
+__all__ = [
+    "CLIENT_TEXT_LIMIT",
+    "COLLAPSE_WINDOW_S",
+    "Collapsed",
+    "Collapser",
+    "LineFormatter",
+    "client_text",
+    "flush_collapsed",
+    "log_collapsed",
+    "peer_address",
+    "setup_logging",
+]
 
 _FORMAT = "%(asctime)s %(levelname)s {role}[%(process)d] %(message)s"
+
+CLIENT_TEXT_LIMIT = 200
+"""Characters of client text one log line quotes at most."""
+
+COLLAPSE_WINDOW_S = 10.0
+"""How long repeats of a logged event are counted before one line sums them up."""
+
+MAX_COLLAPSE_KEYS = 1024
+"""(kind, address) pairs followed at once; past that, new addresses share one catch-all
+pair per kind, so many addresses (IPv6 has plenty) cannot make the follower grow without
+bound."""
+
+OTHER = "other addresses"
+"""The address of the catch-all pair."""
+
+
+class LineFormatter(logging.Formatter):
+    """One event, one line: control characters and newlines in a message are escaped
+    (`client_text`'s escaping, without its cut). The call sites quote client text through
+    `client_text` already; this is the net under the ones that do not (a destination in a
+    flow-control line, say), so that no text anywhere can break a line or forge one. A
+    traceback, added after the message, keeps its lines."""
+
+    def formatMessage(self, record: logging.LogRecord) -> str:
+        if not record.message.isprintable():
+            record.message = _escaped(record.message)
+        return super().formatMessage(record)
 
 
 def setup_logging(role: str, level: str) -> None:
     """Send this process's log records to stderr, tagged with `role` (e.g. 'gateway-0')."""
     handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(logging.Formatter(_FORMAT.format(role=role)))
+    handler.setFormatter(LineFormatter(_FORMAT.format(role=role)))
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
+
+
+# -- client text ---------------------------------------------------------------------------
+
+_ESCAPES = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
+
+
+def _escape(char: str) -> str:
+    code = ord(char)
+    if char in _ESCAPES:
+        return _ESCAPES[char]
+    if code < 0x100:
+        return f"\\x{code:02x}"
+    if code < 0x10000:
+        return f"\\u{code:04x}"
+    return f"\\U{code:08x}"
+
+
+def _escaped(text: str) -> str:
+    return "".join(c if c.isprintable() else _escape(c) for c in text)
+
+
+def client_text(text: str, limit: int = CLIENT_TEXT_LIMIT) -> str:
+    """`text` as a log line may quote it: its first `limit` characters, with what is cut
+    said, and every character that is not printable (newlines, escape sequences, line
+    separators) escaped as Python's repr does. Printable non-ASCII characters stay as they
+    are: they are legible and cannot break a line. So do backslashes: they cannot break a
+    line either, and the refusals that quote a name with repr have escaped it already
+    (escaping again would double every backslash)."""
+    cut = text[:limit]
+    if not cut.isprintable():
+        cut = _escaped(cut)
+    if len(text) > limit:
+        cut += f"… ({len(text) - limit:,} more characters)"
+    return cut
+
+
+def peer_address(peer: str) -> str:
+    """The address of a peer written "host:port" ("::1:5000" -> "::1"): its connections
+    come from many ports, and it is the address that repeats."""
+    host, sep, port = peer.rpartition(":")
+    return host if sep and port.isdigit() else peer
+
+
+# -- collapsing repeats --------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Collapsed:
+    """Events of one kind from one address that were counted, not logged.
+
+    Attributes:
+        kind: what they were ("refused a frame").
+        address: where they came from (`OTHER` for the catch-all).
+        count: how many.
+        seconds: over how long (the window, or less when the process stops first).
+    """
+
+    kind: str
+    address: str
+    count: int
+    seconds: float
+
+    def text(self) -> str:
+        """The line that sums them up."""
+        seconds = f"{self.seconds:.0f}" if self.seconds >= 9.95 else f"{self.seconds:.1f}"
+        return (
+            f"{self.kind}: … and {self.count:,} more like it from {self.address} "
+            f"in the last {seconds} s"
+        )
+
+
+class _Window:
+    __slots__ = ("held", "start")
+
+    def __init__(self, start: float) -> None:
+        self.start = start
+        self.held = 0
+
+
+class Collapser:
+    """Which events of a kind from an address get a line of their own. Pure: the caller
+    passes the time (seconds, any monotonic clock).
+
+    The first event of a (kind, address) is logged and opens a window of `window_s`; the
+    next ones in it are counted. When it ends with some counted, `take` hands out their
+    summary and a new window opens at once, so an event that keeps coming costs one line
+    per window; a window that ends with none counted closes, and the next event is logged
+    again.
+    """
+
+    def __init__(
+        self, window_s: float = COLLAPSE_WINDOW_S, max_keys: int = MAX_COLLAPSE_KEYS
+    ) -> None:
+        self.window_s = window_s
+        self.max_keys = max_keys
+        # Oldest window first: every window is as long, so the first one ends first.
+        self._windows: OrderedDict[tuple[str, str], _Window] = OrderedDict()
+        self._summaries: list[Collapsed] = []
+
+    def admit(self, kind: str, address: str, now: float) -> bool:
+        """Whether this event gets a line of its own (else it is counted). `kind` is a
+        constant of the code, never client text: the catch-alls are one per kind."""
+        self._expire(now)
+        key = (kind, address)
+        window = self._windows.get(key)
+        if window is None and len(self._windows) >= self.max_keys:
+            key = (kind, OTHER)
+            window = self._windows.get(key)
+        if window is None:
+            self._windows[key] = _Window(now)
+            return True
+        window.held += 1
+        return False
+
+    def take(self, now: float) -> list[Collapsed]:
+        """The summaries of the windows that ended by `now`."""
+        self._expire(now)
+        summaries, self._summaries = self._summaries, []
+        return summaries
+
+    def take_all(self, now: float) -> list[Collapsed]:
+        """Every summary, windows still open included (the process stops)."""
+        self._expire(now)
+        summaries, self._summaries = self._summaries, []
+        summaries += [
+            Collapsed(kind, address, window.held, now - window.start)
+            for (kind, address), window in self._windows.items()
+            if window.held
+        ]
+        self._windows.clear()
+        return summaries
+
+    def __len__(self) -> int:
+        """(kind, address) pairs followed now."""
+        return len(self._windows)
+
+    def _expire(self, now: float) -> None:
+        windows = self._windows
+        while windows:
+            key, window = next(iter(windows.items()))
+            if now - window.start < self.window_s:
+                return
+            del windows[key]
+            if window.held:
+                self._summaries.append(Collapsed(*key, window.held, now - window.start))
+                windows[key] = _Window(now)  # at the end: it ends last
+
+
+# -- the shell -----------------------------------------------------------------------------
+
+_collapser = Collapser()
+# Where each kind's summaries go: the logger and level of its first line.
+_sinks: dict[str, tuple[logging.Logger, int]] = {}
+# The admin API's threads log too; the gateways, where clients are, have one thread.
+_lock = threading.Lock()
+
+
+def log_collapsed(
+    logger: logging.Logger,
+    level: int,
+    kind: str,
+    peer: str,
+    message: str,
+    *args: object,
+    exc_info: bool = False,
+) -> None:
+    """Log `message % args` unless an event of `kind` from `peer`'s address was logged
+    within the window: then only count it (`Collapser`). Quote client text in `args`
+    through `client_text`."""
+    now = time.monotonic()
+    with _lock:
+        _sinks[kind] = (logger, level)
+        admitted = _collapser.admit(kind, peer_address(peer), now)
+        summaries = _collapser.take(now)
+    _emit(summaries)
+    if admitted:
+        logger.log(level, message, *args, exc_info=exc_info)
+
+
+def flush_collapsed(*, everything: bool = False) -> None:
+    """Log the summaries of the windows that ended (`everything`: of every window, when
+    the process stops). Cheap when none ended: a worker calls it once per loop turn."""
+    now = time.monotonic()
+    with _lock:
+        summaries = _collapser.take_all(now) if everything else _collapser.take(now)
+    _emit(summaries)
+
+
+def _emit(summaries: list[Collapsed]) -> None:
+    for summary in summaries:
+        logger, level = _sinks.get(summary.kind, (logging.getLogger("mpbroker"), logging.INFO))
+        logger.log(level, "%s", summary.text())

@@ -2,12 +2,14 @@
 
 * `_snapshots`: the JSON, defined once: typed, frozen snapshots and pages.
 * `_collect`: the snapshots a pipeline publishes, built from its engines and trackers.
+* `_pacing`: how often a worker publishes (less often when its snapshots cost much).
 * `server` (its own import: only the supervisor needs it, not every worker): `GET /status`
   and `GET /flow` on a loopback port, a thread of the supervisor.
 * `text` (its own import, for `mpbroker admin`): the pages as tables.
 """
 
 from ._collect import queue_worker_stats, topic_worker_stats
+from ._pacing import stats_period_ms
 from ._snapshots import (
     ConsumerRow,
     DurableRow,
@@ -54,6 +56,7 @@ __all__ = [
     "decode",
     "encode",
     "queue_worker_stats",
+    "stats_period_ms",
     "topic_worker_stats",
     "without_details",
 ]

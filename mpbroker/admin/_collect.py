@@ -1,13 +1,11 @@
 """The snapshots a pipeline publishes, built from its engines' and trackers' own state.
 
-Built every `admin.stats_interval_ms`; lists are cut at `_MAX_ITEMS` entries (the count of
-what was left out is given) so a broker with many destinations or consumers still fits its
-stats block.
+Built every `admin.stats_interval_ms` (less often when building them costs much: see
+`_pacing`), with every destination and consumer: a snapshot larger than its stats block
+goes to the block's spill file (`mpbroker.shm.StatsBlock`), so nothing is cut here.
 """
 
 from __future__ import annotations
-
-from typing import TypeVar
 
 from mpbroker.engine import Engine, QueueEngine, TopicEngine
 from mpbroker.flow import FlowTracker, StoreLimits
@@ -27,18 +25,10 @@ from ._snapshots import (
 
 __all__ = ["queue_worker_stats", "topic_worker_stats"]
 
-_MAX_ITEMS = 1000
 _ACK_NAMES = {value: name for name, value in ACK_MODES.items()}
-_Row = TypeVar("_Row")
 
 # (store, its tracker, what it stops now): the stops are taken once per snapshot.
 _Tracked = list[tuple[str, FlowTracker, dict[str, str]]]
-
-
-def _cut(items: list[_Row]) -> tuple[list[_Row], int | None]:
-    """The first `_MAX_ITEMS` items, and how many were left out (None: none)."""
-    left_out = len(items) - _MAX_ITEMS
-    return items[:_MAX_ITEMS], (left_out if left_out > 0 else None)
 
 
 def _tracked(trackers: list[tuple[str, FlowTracker]]) -> _Tracked:
@@ -123,19 +113,17 @@ def queue_worker_stats(
         )
         for name, queue in sorted(engine.queues.items())
     ]
-    destinations, destinations_not_shown = _cut(rows)
-    consumers, consumers_not_shown = _cut(_consumers(engine))
     return QueueWorkerStats(
         title=title,
         pid=pid,
         at_ms=at_ms,
         received=engine.received,
         delivered=engine.delivered,
-        destinations=destinations,
-        destinations_not_shown=destinations_not_shown,
+        destinations=rows,
+        destinations_not_shown=0,
         stores=_global_figures(tracked),
-        consumers=consumers,
-        consumers_not_shown=consumers_not_shown,
+        consumers=_consumers(engine),
+        consumers_not_shown=0,
         temp_store=temp_store,
     )
 
@@ -185,19 +173,17 @@ def topic_worker_stats(
         global_byte_low=engine.global_live_bytes.mark.low,
         stopped=stops.get("", ""),
     )
-    destinations, destinations_not_shown = _cut(rows)
-    consumers, consumers_not_shown = _cut(_consumers(engine, durable_queues))
     return TopicWorkerStats(
         title=title,
         pid=pid,
         at_ms=at_ms,
         received=engine.received,
         delivered=engine.delivered,
-        destinations=destinations,
-        destinations_not_shown=destinations_not_shown,
+        destinations=rows,
+        destinations_not_shown=0,
         stores=stores,
-        consumers=consumers,
-        consumers_not_shown=consumers_not_shown,
+        consumers=_consumers(engine, durable_queues),
+        consumers_not_shown=0,
         durable_subscriptions=durable,
         temp_store=temp_store,
     )

@@ -240,7 +240,8 @@ class GatewayStats(_Snapshot, frozen=True, tag_field="role", tag="gateway"):
         connections: client connections open on it.
         stopped_producers: the SENDs flow control holds now.
         stops_known: stops its pipelines announced that are in force.
-        error: set when the snapshot did not fit `admin.stats_bytes` (its lists are empty).
+        publish_ms: how long its previous snapshot took to build and publish.
+        error: set when the snapshot could not be published whole (its lists are empty).
     """
 
     title: str
@@ -249,6 +250,7 @@ class GatewayStats(_Snapshot, frozen=True, tag_field="role", tag="gateway"):
     connections: int
     stopped_producers: list[HeldSend]
     stops_known: int
+    publish_ms: float | None = None
     error: str | None = None
 
 
@@ -262,9 +264,10 @@ class _PipelineStats(_Snapshot, frozen=True):
     delivered: int
     stores: dict[str, GlobalStoreFigures]
     consumers: list[ConsumerRow]
-    destinations_not_shown: int | None = None
-    consumers_not_shown: int | None = None
+    destinations_not_shown: int
+    consumers_not_shown: int
     temp_store: TempStoreStats | None = None
+    publish_ms: float | None = None
     error: str | None = None
 
 
@@ -274,11 +277,14 @@ class QueueWorkerStats(_PipelineStats, frozen=True, kw_only=True, tag_field="rol
     Attributes:
         title, pid, at_ms: the worker, its process, when.
         received, delivered: messages taken in and handed to consumers so far.
-        destinations: its queues (at most 1000; `destinations_not_shown` counts the rest).
+        destinations: its queues, every one.
+        destinations_not_shown: queues left out of `destinations` (0 unless `error`).
         stores: the global figures of its stores (vol_queue_store, pers_queue_store).
-        consumers: its consumers' windows (at most 1000; `consumers_not_shown`).
+        consumers: its consumers' windows, every one.
+        consumers_not_shown: consumers left out of `consumers` (0 unless `error`).
         temp_store: its temp store, when paging is configured.
-        error: set when the snapshot did not fit `admin.stats_bytes` (its lists are empty).
+        publish_ms: how long its previous snapshot took to build and publish.
+        error: set when the snapshot could not be published whole (its lists are empty).
     """
 
     destinations: list[QueueRow]
@@ -290,13 +296,16 @@ class TopicWorkerStats(_PipelineStats, frozen=True, kw_only=True, tag_field="rol
     Attributes:
         title, pid, at_ms: the worker, its process, when.
         received, delivered: messages published to it and deliveries made so far.
-        destinations: its topics (at most 1000; `destinations_not_shown` counts the rest).
+        destinations: its topics, every one.
+        destinations_not_shown: topics left out of `destinations` (0 unless `error`).
         stores: the global figures of the topic store and of the live buffer
             ("topics (live)").
-        consumers: its subscribers' windows (at most 1000; `consumers_not_shown`).
+        consumers: its subscribers' windows, every one.
+        consumers_not_shown: subscribers left out of `consumers` (0 unless `error`).
         durable_subscriptions: its durable subscriptions.
         temp_store: its temp store, when paging is configured.
-        error: set when the snapshot did not fit `admin.stats_bytes` (its lists are empty).
+        publish_ms: how long its previous snapshot took to build and publish.
+        error: set when the snapshot could not be published whole (its lists are empty).
     """
 
     destinations: list[TopicRow]
@@ -312,7 +321,8 @@ class ReplayStats(_Snapshot, frozen=True, tag_field="role", tag="replay"):
         waiting_for_a_place: those waiting for one (`replay.max_concurrent`).
         in_flight_bytes: replayed bytes not yet taken by their owners.
         batches, messages: replayed so far.
-        error: set when the snapshot did not fit `admin.stats_bytes` (its lists are empty).
+        publish_ms: how long its previous snapshot took to build and publish.
+        error: set when the snapshot could not be published whole (its lists are empty).
     """
 
     title: str
@@ -323,6 +333,7 @@ class ReplayStats(_Snapshot, frozen=True, tag_field="role", tag="replay"):
     in_flight_bytes: int
     batches: int
     messages: int
+    publish_ms: float | None = None
     error: str | None = None
 
 
@@ -406,21 +417,34 @@ class StatusView(_Snapshot, frozen=True):
 class FlowView(_Snapshot, frozen=True):
     """`GET /flow`: flow control now, gathered over the workers ("Flow Control Live").
 
+    `GET /flow?offset=N&limit=M` pages the three long lists (destinations, consumers,
+    durable subscriptions) alike: each shows its items N to N+M-1. The `*_not_shown` counts
+    say how many of each the page leaves out, or a worker could not publish: 0 when every
+    one is shown.
+
     Attributes:
         at_ms: when the page was made.
-        destinations: every destination's counts, watermarks and stops (with `worker`).
+        destinations: every destination's counts, watermarks and stops (with `worker`):
+            each pipeline's in name order, p2p workers first.
+        destinations_not_shown: destinations not in `destinations`.
         global_stores: per worker, its stores' global figures (JSON: `global`).
         stopped_producers: the SENDs held now, and for how long (with `gateway`).
         consumers: every consumer's window and whether it is ready (with `worker`).
+        consumers_not_shown: consumers not in `consumers`.
         durable_subscriptions: every durable subscription (with `worker`).
+        durable_subscriptions_not_shown: durable subscriptions not in
+            `durable_subscriptions`.
     """
 
     at_ms: int
     destinations: list[QueueRow | TopicRow]
+    destinations_not_shown: int
     global_stores: dict[str, dict[str, GlobalStoreFigures]] = msgspec.field(name="global")
     stopped_producers: list[HeldSend]
     consumers: list[ConsumerRow]
+    consumers_not_shown: int
     durable_subscriptions: list[DurableRow]
+    durable_subscriptions_not_shown: int
 
 
 # -- encoding ------------------------------------------------------------------------------
@@ -441,14 +465,20 @@ def decode(data: bytes | str, kind: type[_T]) -> _T:
 
 def without_details(snapshot: WorkerStats, error: str) -> WorkerStats:
     """`snapshot` with its lists and tables emptied, its optional parts left out and
-    `error` saying why (when the whole of it does not fit its stats block)."""
+    `error` saying why (when the whole of it cannot be published). Each `<list>_not_shown`
+    count grows by the rows emptied out of `<list>`, so a reader still knows how many
+    there are."""
     changes: dict[str, Any] = {"error": error}
-    for name in snapshot.__struct_fields__:
+    fields = snapshot.__struct_fields__
+    for name in fields:
         value = getattr(snapshot, name)
         if isinstance(value, list):
             changes[name] = []
+            count = f"{name}_not_shown"
+            if count in fields:
+                changes[count] = getattr(snapshot, count) + len(value)
         elif isinstance(value, dict):
             changes[name] = {}
-        elif isinstance(value, msgspec.Struct) or name.endswith("_not_shown"):
+        elif isinstance(value, msgspec.Struct):
             changes[name] = None
     return msgspec.structs.replace(snapshot, **changes)

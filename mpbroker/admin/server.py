@@ -1,13 +1,14 @@
 """The admin API: HTTP JSON on a loopback port, served from a thread of the supervisor.
 
-It reads what every worker publishes in its stats block (seqlocked JSON, at most
-`admin.stats_interval_ms` old) and the control block (state, pid, heartbeat), so asking
-never disturbs the data path:
+It reads what every worker publishes in its stats block (seqlocked JSON, or the block's
+spill file when it is larger; at most `admin.stats_interval_ms` old) and the control block
+(state, pid, heartbeat), so asking never disturbs the data path:
 
 - `GET /status`: every worker with its state and published figures;
 - `GET /flow`: flow control now ("Flow Control Live"): every destination's counts,
   watermarks and stops, the global stops, the producers held and for how long, every
   consumer's window and `ready: yes/no`, the durable subscriptions.
+  `?offset=N&limit=M` pages its long lists (`FlowView`).
 """
 
 from __future__ import annotations
@@ -15,13 +16,15 @@ from __future__ import annotations
 import json
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
+from typing import Any, TypeVar
+from urllib.parse import parse_qs, urlsplit
 
 import msgspec
 
 from mpbroker.clock import epoch_ms
+from mpbroker.logs import client_text
 from mpbroker.shm import (
     STATE_EMPTY,
     STATE_READY,
@@ -52,7 +55,7 @@ from ._snapshots import (
     encode,
 )
 
-__all__ = ["AdminServer", "WorkerRef", "flow_view", "status_view"]
+__all__ = ["AdminServer", "Page", "WorkerRef", "flow_view", "page_of", "status_view"]
 
 log = logging.getLogger("mpbroker.admin")
 
@@ -65,6 +68,37 @@ _STATE_NAMES = {
 
 # (title, role, index, control-block slot)
 WorkerRef = tuple[str, str, int, int]
+# (offset, limit): items offset to offset + limit - 1 of each long list (limit None: all).
+Page = tuple[int, int | None]
+_Item = TypeVar("_Item")
+
+
+class BadRequest(ValueError):
+    """A query a page does not understand (HTTP 400)."""
+
+
+def page_of(query: Mapping[str, list[str]]) -> Page:
+    """The page a query string asks for (`offset`, `limit`: whole numbers); BadRequest
+    naming the parameter otherwise."""
+    unknown = sorted(set(query) - {"offset", "limit"})
+    if unknown:
+        raise BadRequest(f"unknown parameter {unknown[0]!r} (offset and limit are known)")
+    numbers: dict[str, int] = {}
+    for name, values in query.items():
+        try:
+            numbers[name] = int(values[-1])
+        except ValueError:
+            raise BadRequest(f"{name} must be a whole number, not {values[-1]!r}") from None
+        if numbers[name] < 0:
+            raise BadRequest(f"{name} must be 0 or more, not {numbers[name]}")
+    return numbers.get("offset", 0), numbers.get("limit")
+
+
+def _paged(items: list[_Item], page: Page) -> tuple[list[_Item], int]:
+    """The page's items, and how many it leaves out."""
+    offset, limit = page
+    shown = items[offset:] if limit is None else items[offset : offset + limit]
+    return shown, len(items) - len(shown)
 
 
 def status_view(
@@ -102,55 +136,81 @@ def status_view(
     return StatusView(at_ms=epoch_ms(), workers=rows, memory=memory)
 
 
-def flow_view(status: StatusView) -> FlowView:
+def flow_view(status: StatusView, page: Page = (0, None)) -> FlowView:
     """The flow-control part of a status, gathered over the workers; each row names the
-    worker it came from."""
-    destinations: list[QueueRow | TopicRow] = []
+    worker it came from. `page` cuts the long lists; the rows left out, by the page or by
+    a worker that could not publish them, are counted."""
+    destinations: list[tuple[str, QueueRow | TopicRow]] = []
     stores: dict[str, dict[str, GlobalStoreFigures]] = {}
     producers: list[HeldSend] = []
-    consumers: list[ConsumerRow] = []
-    durable: list[DurableRow] = []
-    replace = msgspec.structs.replace
+    consumers: list[tuple[str, ConsumerRow]] = []
+    durable: list[tuple[str, DurableRow]] = []
+    destinations_unpublished = consumers_unpublished = 0
     for worker in status.workers:
         stats = worker.stats
         title = worker.title
         if isinstance(stats, GatewayStats):
-            producers += [replace(row, gateway=title) for row in stats.stopped_producers]
+            producers += [_replace(row, gateway=title) for row in stats.stopped_producers]
         elif isinstance(stats, QueueWorkerStats | TopicWorkerStats):
-            destinations += [replace(row, worker=title) for row in stats.destinations]
+            destinations += [(title, row) for row in stats.destinations]
             stores[title] = stats.stores
-            consumers += [replace(row, worker=title) for row in stats.consumers]
+            consumers += [(title, row) for row in stats.consumers]
+            destinations_unpublished += stats.destinations_not_shown
+            consumers_unpublished += stats.consumers_not_shown
             if isinstance(stats, TopicWorkerStats):
-                durable += [replace(row, worker=title) for row in stats.durable_subscriptions]
+                durable += [(title, row) for row in stats.durable_subscriptions]
+    shown_destinations, destinations_left = _paged(destinations, page)
+    shown_consumers, consumers_left = _paged(consumers, page)
+    shown_durable, durable_left = _paged(durable, page)
     return FlowView(
         at_ms=status.at_ms,
-        destinations=destinations,
+        destinations=_named(shown_destinations),
+        destinations_not_shown=destinations_left + destinations_unpublished,
         global_stores=stores,
         stopped_producers=producers,
-        consumers=consumers,
-        durable_subscriptions=durable,
+        consumers=_named(shown_consumers),
+        consumers_not_shown=consumers_left + consumers_unpublished,
+        durable_subscriptions=_named(shown_durable),
+        durable_subscriptions_not_shown=durable_left,
     )
+
+
+_replace = msgspec.structs.replace
+_Row = TypeVar("_Row", QueueRow | TopicRow, ConsumerRow, DurableRow)
+
+
+def _named(rows: list[tuple[str, _Row]]) -> list[_Row]:
+    """Each row with the worker it came from. Only the rows a page shows are copied: with
+    10,000 destinations, copying all of them to show a few would be most of the page's
+    cost."""
+    return [_replace(row, worker=title) for title, row in rows]
 
 
 class AdminServer:
     """The HTTP server of the admin API, in a thread; `status` makes the status page."""
 
     def __init__(self, host: str, port: int, status: Callable[[], StatusView]) -> None:
-        views: dict[str, Callable[[], StatusView | FlowView]] = {
-            "/status": status,
-            "/flow": lambda: flow_view(status()),
+        views: dict[str, Callable[[Page], StatusView | FlowView]] = {
+            "/status": lambda page: status(),
+            "/flow": lambda page: flow_view(status(), page),
         }
 
         class Handler(BaseHTTPRequestHandler):
             def do_GET(self) -> None:
-                view = views.get(self.path.split("?")[0])
+                url = urlsplit(self.path)
+                view = views.get(url.path)
                 if view is None:
                     self._reply(404, {"error": f"no such page {self.path!r}", "pages": [*views]})
                     return
                 try:
-                    self._reply(200, encode(view()))
+                    page = page_of(parse_qs(url.query, keep_blank_values=True))
+                except BadRequest as exc:
+                    self._reply(400, {"error": str(exc)})
+                    return
+                try:
+                    self._reply(200, encode(view(page)))
                 except Exception as exc:  # never take the supervisor down with a page
-                    log.exception("admin page %s failed", self.path)
+                    log.exception("admin page %s failed", client_text(self.path))
                     self._reply(500, {"error": str(exc)})
 
             def _reply(self, code: int, body: dict[str, Any] | bytes) -> None:
@@ -162,7 +222,8 @@ class AdminServer:
                 self.wfile.write(data)
 
             def log_message(self, format: str, *args: Any) -> None:
-                log.debug("admin: " + format, *args)
+                # The request line is the client's text.
+                log.debug("admin: %s", client_text(format % args))
 
         self.httpd = ThreadingHTTPServer((host, port), Handler)
         self.httpd.daemon_threads = True

@@ -84,6 +84,11 @@ def _temp_stores(view: StatusView) -> str:
     return table(["temp store", "paging", "messages", "MiB", "disk MiB/limit", "full"], rows)
 
 
+def _not_shown(count: int, what: str) -> str:
+    """A line under a table that does not show everything ("" when it does)."""
+    return f"\n({count} more {what} not shown)" if count else ""
+
+
 def render_flow(view: FlowView) -> str:
     parts = []
     dest_rows = []
@@ -127,6 +132,7 @@ def render_flow(view: FlowView) -> str:
             ],
             dest_rows,
         )
+        + _not_shown(view.destinations_not_shown, "destinations")
     )
     global_rows = [
         [
@@ -173,5 +179,6 @@ def render_flow(view: FlowView) -> str:
             ["destination", "subscription", "ack", "window", "backlog", "ready", "selector"],
             consumers,
         )
+        + _not_shown(view.consumers_not_shown, "consumers")
     )
     return "\n\n".join(parts)

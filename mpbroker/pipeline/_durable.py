@@ -41,6 +41,7 @@ from mpbroker.engine import (
     TopicEngine,
 )
 from mpbroker.flow import FlowTracker, expired_log_line, expiry_policies
+from mpbroker.logs import log_collapsed
 from mpbroker.records import (
     Ack,
     ConnClosed,
@@ -429,7 +430,13 @@ class Durables:
             elif len(d.held) < self.max_live:
                 d.held.append(copy)
             else:
-                log.warning(
+                # A publisher can make this happen for every message: one line per
+                # subscription and 10 s, with the count of the others.
+                log_collapsed(
+                    log,
+                    logging.WARNING,
+                    "durable subscription dropped a non-persistent message while replaying",
+                    name,
                     "durable subscription %r: non-persistent message dropped while it "
                     "replays (%d held, topics.max_pending_messages)",
                     name,

@@ -2,8 +2,9 @@
 
 Its slot in the control block (state, pid, heartbeat, counters: the supervisor judges it by
 them), its stats block (what the admin API shows of it), its own doorbell (writers wake it
-through it), MemWatch's garbage collection at the broker's memory level, and the watch for
-settings the supervisor reloaded on SIGHUP. `StopOnSignal` is how a synchronous worker's
+through it), MemWatch's garbage collection at the broker's memory level, the summaries of
+collapsed log lines (`mpbroker.logs`), and the watch for settings the supervisor reloaded
+on SIGHUP. `StopOnSignal` is how a synchronous worker's
 loop stops.
 """
 
@@ -11,11 +12,15 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 from types import FrameType
 
-from mpbroker.admin import WorkerStats, encode, without_details
+import msgspec
+
+from mpbroker.admin import WorkerStats, encode, stats_period_ms, without_details
 from mpbroker.clock import epoch_ms
 from mpbroker.config import Config
+from mpbroker.logs import flush_collapsed
 from mpbroker.shm import STATE_READY, ControlBlock, Doorbell, StatsBlock
 
 from ._gc import LevelGC
@@ -55,10 +60,15 @@ class StopOnSignal:
 
 
 def publish(block: StatsBlock, snapshot: WorkerStats) -> None:
-    """Write `snapshot` as JSON; if it does not fit, say so in one without its lists."""
+    """Write `snapshot` as JSON, whatever its size (a large one goes to the block's spill
+    file); if even that cannot be written (/dev/shm is full), say so in one without its
+    lists, which counts what it leaves out."""
     data = encode(snapshot)
-    if not block.write(data):
-        error = f"state of {len(data)} bytes does not fit admin.stats_bytes = {block.capacity}"
+    try:
+        block.write(data)
+    except OSError as exc:
+        error = f"state of {len(data)} bytes cannot be published: {exc.strerror or exc}"
+        # Without its lists it is a few hundred bytes: it fits the block itself.
         block.write(encode(without_details(snapshot, error)))
 
 
@@ -77,6 +87,10 @@ class WorkerBase:
         self.config_watch = ConfigWatch(self.control, spec) if reloads else None
         self.parent = os.getppid()
         self._next_stats_ms = 0
+        # The snapshot being built: when it was due (epoch ms) and when building started.
+        self._stats_due_ms: int | None = None
+        self._stats_started = 0.0
+        self._publish_ms: float | None = None  # what the previous snapshot cost
 
     @property
     def memwatch_level(self) -> int:
@@ -91,22 +105,37 @@ class WorkerBase:
 
     def turn(self) -> Config | None:
         """Once per turn of the worker's loop: the heartbeat (the loop turns), garbage
-        collection at MemWatch's level; the reloaded settings, when SIGHUP brought some."""
+        collection at MemWatch's level, the summaries of collapsed log lines whose window
+        ended; the reloaded settings, when SIGHUP brought some."""
         self.slot.beat()
         self.level_gc.tick()
+        flush_collapsed()
         return self.config_watch.poll() if self.config_watch is not None else None
 
     def publish_stats(self, snapshot: WorkerStats) -> None:
-        """Publish what the admin API shows of the worker."""
-        publish(self.stats, snapshot)
+        """Publish what the admin API shows of the worker, with what the previous snapshot
+        cost (`publish_ms`). After `stats_due`, the cost counts building the snapshot too,
+        and a costly one puts the next one off (`stats_period_ms`)."""
+        due = self._stats_due_ms
+        started = self._stats_started if due is not None else time.perf_counter()
+        publish(self.stats, msgspec.structs.replace(snapshot, publish_ms=self._publish_ms))
+        cost_ms = (time.perf_counter() - started) * 1000
+        self._publish_ms = round(cost_ms, 2)
+        if due is not None:
+            self._stats_due_ms = None
+            interval = self.spec.config.admin.stats_interval_ms
+            self._next_stats_ms = due + stats_period_ms(interval, cost_ms)
 
     def stats_due(self) -> int | None:
         """The time now (epoch ms) when another snapshot is due (every
-        `admin.stats_interval_ms`), else None."""
+        `admin.stats_interval_ms`, or less often when they cost much), else None. The
+        caller builds it and hands it to `publish_stats`."""
         now = epoch_ms()
         if now < self._next_stats_ms:
             return None
         self._next_stats_ms = now + self.spec.config.admin.stats_interval_ms
+        self._stats_due_ms = now
+        self._stats_started = time.perf_counter()
         return now
 
     def supervisor_gone(self) -> bool:
@@ -114,6 +143,7 @@ class WorkerBase:
         return os.getppid() != self.parent
 
     def close(self) -> None:
+        flush_collapsed(everything=True)  # what was only counted is said before we go
         self.doorbell.close()
         self.stats.close()
         self.control.close()

@@ -44,8 +44,10 @@ PUBSUB = TopicWorkerStats(
     received=5,
     delivered=6,
     destinations=[],
+    destinations_not_shown=0,
     stores={},
     consumers=[CONSUMER],
+    consumers_not_shown=0,
     durable_subscriptions=[DurableRow(name="c/d", topic="/topic/t", state="live")],
 )
 EVERY_WORKER: list[WorkerStats] = [
@@ -79,7 +81,8 @@ def test_every_worker_snapshot_round_trips_and_names_its_role(stats: WorkerStats
 def test_unset_fields_are_left_out_of_the_json() -> None:
     shown = json.loads(encode(PUBSUB))
     assert "temp_store" not in shown and "error" not in shown
-    assert "destinations_not_shown" not in shown
+    # ... but how many rows it leaves out is always said, 0 included.
+    assert (shown["destinations_not_shown"], shown["consumers_not_shown"]) == (0, 0)
     assert "worker" not in shown["consumers"][0]
 
 
@@ -110,10 +113,13 @@ def test_the_flow_page_calls_the_global_figures_global_and_tags_destinations() -
         destinations=[
             QueueRow(name="/queue/q", waiting=1, unacknowledged=0, consumers=0, stores={})
         ],
+        destinations_not_shown=0,
         global_stores={"p2p 0": {}},
         stopped_producers=[],
         consumers=[],
+        consumers_not_shown=0,
         durable_subscriptions=[],
+        durable_subscriptions_not_shown=0,
     )
     shown = json.loads(encode(view))
     assert shown["global"] == {"p2p 0": {}}
@@ -126,6 +132,8 @@ def test_a_snapshot_that_does_not_fit_keeps_its_figures_and_says_why() -> None:
     assert isinstance(short, TopicWorkerStats)
     assert (short.consumers, short.durable_subscriptions, short.error) == ([], [], "too big")
     assert (short.title, short.received, short.delivered) == ("pubsub 0", 5, 6)
+    # What it leaves out is counted, not hidden.
+    assert (short.consumers_not_shown, short.destinations_not_shown) == (1, 0)
 
 
 def test_snapshots_are_frozen() -> None:

@@ -52,8 +52,10 @@ def p2p(temp: TempStoreStats | None = None) -> QueueWorkerStats:
         received=7,
         delivered=5,
         destinations=[],
+        destinations_not_shown=0,
         stores={},
         consumers=[],
+        consumers_not_shown=0,
         temp_store=temp,
     )
 
@@ -148,9 +150,14 @@ def test_flow_shows_what_holds_something_or_is_stopped_and_the_live_buffer() -> 
             )
         ],
         consumers=[],
+        consumers_not_shown=0,
         durable_subscriptions=[],
+        durable_subscriptions_not_shown=0,
+        destinations_not_shown=0,
     )
-    lines = [line.split() for line in render_flow(view).splitlines()]
+    text = render_flow(view)
+    assert "not shown" not in text
+    lines = [line.split() for line in text.splitlines()]
     assert ["/queue/a", "vol_queue_store", "5", "50", "5/4", "off", "msg_high", "5"] in lines
     assert not [line for line in lines if "pers_queue_store" in line]
     assert ["/topic/t", "topics", "(live)", "3", "-", "off", "-", "no"] in lines
@@ -164,3 +171,20 @@ def test_flow_shows_what_holds_something_or_is_stopped_and_the_live_buffer() -> 
         "5",
         "250",
     ] in lines
+
+
+def test_flow_says_how_many_rows_a_page_leaves_out() -> None:
+    view = FlowView(
+        at_ms=0,
+        destinations=[],
+        destinations_not_shown=9000,
+        global_stores={},
+        stopped_producers=[],
+        consumers=[],
+        consumers_not_shown=12,
+        durable_subscriptions=[],
+        durable_subscriptions_not_shown=0,
+    )
+    text = render_flow(view)
+    assert "(9000 more destinations not shown)" in text
+    assert "(12 more consumers not shown)" in text

@@ -37,7 +37,8 @@ def test_a_short_soak_loses_nothing_and_stops_the_producers() -> None:
     assert summary["flow_stops"] >= 1
     assert summary["flow_starts"] >= 1
     # A held SEND outlived the 100 ms send timeout: refused with an ERROR, and the broker's
-    # log says so once per refusal.
+    # log says so: the first from an address, then (collapsed, every 10 s) how many more,
+    # so by the time the soak reads it at most every refusal is accounted for.
     assert summary["refused"] >= 1
-    assert summary["refused_sends_logged"] == summary["refused"]
+    assert 1 <= summary["refused_sends_logged"] <= summary["refused"]
     assert summary["peak_mib"] > 0

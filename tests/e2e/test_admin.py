@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from mpbroker.harness import BrokerProcess, RawClient
+from mpbroker.stomp import Frame, encode_frame
 from tests.e2e._admin import eventually, get
 
 RawFactory = Callable[[BrokerProcess], RawClient]
@@ -137,3 +138,53 @@ def test_flow_shows_what_a_topic_holds_for_durable_subscribers(
     assert row["subscribers"] == 0 and row["stopped"] == ""
     flow = get(broker, "/flow")
     assert {d["name"]: d["state"] for d in flow["durable_subscriptions"]} == {"app/d": "inactive"}
+
+
+def test_flow_lists_thousands_of_destinations_and_pages_them(
+    start_broker: type[BrokerProcess], raw: RawFactory
+) -> None:
+    broker = start_broker("--gateways", "1")
+    queues = {f"/queue/many.{n:04d}" for n in range(1000)}
+    topics = {f"/topic/many.{n:04d}" for n in range(1000)}
+    producer = raw(broker)
+    producer.connect()
+    subscriber = raw(broker)
+    subscriber.connect()
+    # Pipelined, one receipt at the end: a message in each queue, a subscriber on each topic.
+    producer.send_bytes(
+        b"".join(encode_frame(Frame("SEND", {"destination": q}, b"x")) for q in sorted(queues))
+    )
+    producer.send("SEND", {"destination": "/queue/many.0000", "receipt": "sent"}, b"x")
+    subscriber.send_bytes(
+        b"".join(
+            encode_frame(Frame("SUBSCRIBE", {"destination": t, "id": t})) for t in sorted(topics)
+        )
+    )
+    subscriber.send(
+        "SUBSCRIBE", {"destination": "/topic/many.0000", "id": "last", "receipt": "subscribed"}
+    )
+    assert producer.recv().headers["receipt-id"] == "sent"
+    assert subscriber.recv().headers["receipt-id"] == "subscribed"
+
+    def listed() -> dict[str, Any] | None:
+        flow = get(broker, "/flow")
+        names = {d["name"] for d in flow["destinations"]}
+        return flow if names >= queues | topics else None
+
+    flow = eventually(listed, timeout=30)
+    # Far more than admin.stats_bytes (256 KiB) holds: the workers' snapshots spilled.
+    assert len(flow["destinations"]) == 2000 and flow["destinations_not_shown"] == 0
+    assert len(flow["consumers"]) == 1001 and flow["consumers_not_shown"] == 0
+    status = get(broker, "/status")
+    for worker in status["workers"]:
+        stats = worker["stats"]
+        assert "error" not in stats, stats["error"]
+        if worker["role"] in ("p2p", "pubsub"):
+            assert stats["destinations_not_shown"] == 0
+    # Paged: the pages together are the whole list, and each counts what it leaves out.
+    pages = [get(broker, f"/flow?offset={n}&limit=700") for n in (0, 700, 1400)]
+    assert [len(p["destinations"]) for p in pages] == [700, 700, 600]
+    assert [p["destinations_not_shown"] for p in pages] == [1300, 1300, 1400]
+    assert [d["name"] for p in pages for d in p["destinations"]] == [
+        d["name"] for d in get(broker, "/flow")["destinations"]
+    ]

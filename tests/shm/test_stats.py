@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import errno
+import os
 import threading
+
+import pytest
 
 from mpbroker.shm import StatsBlock, segment_name
 
@@ -13,11 +17,9 @@ def test_a_snapshot_written_is_read_back_by_another_mapping(instance: str) -> No
     reader = StatsBlock.attach(name)
     try:
         assert reader.read() == b""
-        assert block.write(b'{"a": 1}')
+        block.write(b'{"a": 1}')
         assert reader.read() == b'{"a": 1}'
-        assert block.write(b"{}")
-        assert reader.read() == b"{}"
-        assert not block.write(b"x" * 1025)  # too big: the last snapshot stays
+        block.write(b"{}")
         assert reader.read() == b"{}"
     finally:
         reader.close()
@@ -35,7 +37,8 @@ def test_a_reader_never_sees_a_torn_snapshot(instance: str) -> None:
         n = 0
         while not stop.is_set():
             n += 1
-            block.write(bytes([n % 256]) * (1000 + n % 50000))
+            # Some fit the block, some go to its spill file.
+            block.write(bytes([n % 256]) * (1000 + n * 7919 % 100000))
 
     writer = threading.Thread(target=write)
     writer.start()
@@ -57,9 +60,56 @@ def test_a_writer_that_died_mid_write_does_not_block_its_successor(instance: str
     try:
         block._q[0] = 7  # odd: a write that never finished
         successor = StatsBlock.attach(name)
-        assert successor.write(b"fresh")
+        successor.write(b"fresh")
         assert block.read() == b"fresh"
         successor.close()
+    finally:
+        block.close()
+        block.unlink()
+
+
+def test_a_snapshot_larger_than_the_block_is_read_back_whole_from_its_spill_file(
+    instance: str,
+) -> None:
+    name = segment_name(instance, "stats-3")
+    block = StatsBlock.create(name, 1024)
+    reader = StatsBlock.attach(name)
+    try:
+        big = b"x" * 5000
+        block.write(big)
+        assert reader.read() == big
+        assert block.spill_path.stat().st_size == 5000
+        block.write(b"y" * 7000)  # replaced in one rename
+        assert reader.read() == b"y" * 7000
+        block.write(b"{}")  # fits again: the spill file's memory is given back
+        assert reader.read() == b"{}"
+        assert not block.spill_path.exists()
+        block.write(big)
+    finally:
+        reader.close()
+        block.close()
+        block.unlink()
+    assert not block.spill_path.exists()  # unlink removes the spill file with the block
+
+
+def test_a_spill_file_that_cannot_be_written_leaves_the_last_snapshot(
+    instance: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    name = segment_name(instance, "stats-4")
+    block = StatsBlock.create(name, 1024)
+    try:
+        block.write(b"{}")
+
+        def full(fd: int, data: object) -> int:
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+        monkeypatch.setattr(os, "write", full)
+        with pytest.raises(OSError, match="No space"):
+            block.write(b"x" * 5000)
+        monkeypatch.undo()
+        assert block.read() == b"{}"
+        assert not block.spill_path.exists()
+        assert not list(block.spill_path.parent.glob(block.spill_path.name + "*"))
     finally:
         block.close()
         block.unlink()

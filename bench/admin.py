@@ -1,0 +1,138 @@
+"""The admin API with many destinations: what `GET /flow` and `GET /status` cost, and what
+publishing the snapshots costs the pipelines.
+
+Run: .venv/bin/python -m bench.admin [--destinations 10000] [--requests 5]
+
+Starts a broker (one gateway), puts one message in each of `destinations` queues and a
+subscriber on each of as many topics, waits until `GET /flow` lists every one, then
+times `GET /flow`, `GET /flow?limit=100` and `GET /status` (median of `requests`, and the
+bytes of each). For the p2p and pubsub worker it reports what their last snapshot took to
+build and publish (`publish_ms`), how often they publish at that cost, and their CPU time
+over 10 s with nothing else going on: all of it is the admin snapshots.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+import urllib.request
+from typing import Any
+
+from mpbroker.admin import stats_period_ms
+from mpbroker.harness import BrokerProcess, RawClient
+from mpbroker.stomp import Frame, encode_frame
+
+_BATCH = 1000
+# An admin.stats_interval_ms this long: only the idle workers' CPU, without snapshots.
+_BASELINE_MS = 60_000
+
+
+def _get(broker: BrokerProcess, path: str) -> tuple[float, bytes]:
+    """Seconds and bytes of one request."""
+    started = time.perf_counter()
+    with urllib.request.urlopen(f"{broker.admin_url}{path}", timeout=120) as reply:
+        data: bytes = reply.read()
+    return time.perf_counter() - started, data
+
+
+def _fill(broker: BrokerProcess, count: int) -> tuple[RawClient, RawClient]:
+    """A message in each of `count` queues, a subscriber on each of `count` topics."""
+    producer = RawClient(broker.host, broker.port, timeout=120)
+    producer.connect()
+    subscriber = RawClient(broker.host, broker.port, timeout=120)
+    subscriber.connect()
+    for start in range(0, count, _BATCH):
+        numbers = range(start, min(start + _BATCH, count))
+        producer.send_bytes(
+            b"".join(
+                encode_frame(Frame("SEND", {"destination": f"/queue/bench.{n:05d}"}, b"x" * 100))
+                for n in numbers
+            )
+        )
+        subscriber.send_bytes(
+            b"".join(
+                encode_frame(
+                    Frame("SUBSCRIBE", {"destination": f"/topic/bench.{n:05d}", "id": str(n)})
+                )
+                for n in numbers
+            )
+        )
+        producer.send("SEND", {"destination": "/queue/bench.00000", "receipt": str(start)})
+        producer.expect("RECEIPT", str(start))
+        subscriber.send("SUBSCRIBE", {"destination": "/topic/x", "id": "x", "receipt": "s"})
+        subscriber.expect("RECEIPT", "s")
+        subscriber.send("UNSUBSCRIBE", {"id": "x"})
+    return producer, subscriber
+
+
+def _wait_listed(broker: BrokerProcess, expected: int) -> float:
+    """Seconds until `GET /flow` lists `expected` destinations."""
+    started = time.monotonic()
+    while True:
+        _, data = _get(broker, "/flow?limit=0")
+        flow = json.loads(data)
+        if flow["destinations_not_shown"] >= expected:
+            return time.monotonic() - started
+        if time.monotonic() - started > 120:
+            raise TimeoutError(f"/flow shows {flow['destinations_not_shown']} of {expected}")
+        time.sleep(0.2)
+
+
+def _pipelines(broker: BrokerProcess) -> dict[str, dict[str, Any]]:
+    _, data = _get(broker, "/status")
+    return {
+        w["title"]: w["stats"]
+        for w in json.loads(data)["workers"]
+        if w["role"] in ("p2p", "pubsub") and w["stats"]
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--destinations", type=int, default=10000)
+    parser.add_argument("--requests", type=int, default=5)
+    parser.add_argument(
+        "--stats-interval-ms",
+        type=int,
+        default=500,
+        help=f"admin.stats_interval_ms; from {_BASELINE_MS} on, only the idle workers' CPU "
+        "is measured: the baseline without snapshots",
+    )
+    args = parser.parse_args()
+    count = args.destinations
+    interval = args.stats_interval_ms
+    config = f"[admin]\nstats_interval_ms = {interval}\n"
+    with BrokerProcess("--gateways", "1", config=config) as broker:
+        started = time.monotonic()
+        clients = _fill(broker, count)
+        print(f"{count} queues and {count} topics filled in {time.monotonic() - started:.1f} s")
+        if interval < _BASELINE_MS:
+            waited = _wait_listed(broker, 2 * count)
+            print(f"/flow listed all {2 * count} destinations {waited:.1f} s later")
+            for path in ("/flow", "/flow?limit=100", "/status"):
+                runs = [_get(broker, path) for _ in range(args.requests)]
+                seconds = statistics.median(t for t, _ in runs)
+                size = len(runs[-1][1])
+                print(f"GET {path}: {seconds * 1000:.0f} ms, {size / 2**20:.2f} MiB ({size} B)")
+            time.sleep(2)  # publish_ms is the previous snapshot's: let one more come
+            for title, stats in _pipelines(broker).items():
+                cost = stats.get("publish_ms", 0.0)
+                period = stats_period_ms(interval, cost)
+                print(f"{title}: a snapshot costs {cost:.1f} ms, published every {period} ms")
+        else:
+            time.sleep(2)  # the engines settle; no snapshot comes
+        workers = broker.workers()
+        before = {t: workers[t].cpu_times() for t in ("p2p 0", "pubsub 0")}
+        time.sleep(10)
+        for title, times in before.items():
+            after = workers[title].cpu_times()
+            used = (after.user + after.system) - (times.user + times.system)
+            print(f"{title}: {used * 100 / 10:.1f} % of a core while idle (10 s)")
+        for client in clients:
+            client.close()
+
+
+if __name__ == "__main__":
+    main()

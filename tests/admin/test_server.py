@@ -1,0 +1,287 @@
+"""The admin server's pages: every destination gathered over the workers, paged on demand,
+with honest counts of what a page leaves out; snapshots of any size read back."""
+
+from __future__ import annotations
+
+import errno
+import itertools
+import json
+import os
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from typing import Any
+
+import msgspec
+import pytest
+
+from mpbroker.admin import (
+    ConsumerRow,
+    DurableRow,
+    FlowView,
+    GatewayStats,
+    QueueRow,
+    QueueWorkerStats,
+    StatusView,
+    TopicRow,
+    TopicWorkerStats,
+    WorkerStats,
+    WorkerStatus,
+    decode,
+    encode,
+    without_details,
+)
+from mpbroker.admin.server import AdminServer, BadRequest, flow_view, page_of, status_view
+from mpbroker.shm import ControlBlock, StatsBlock, remove_instance, segment_name
+from mpbroker.workers._base import publish
+
+_counter = itertools.count()
+
+
+@pytest.fixture
+def instance() -> Iterator[str]:
+    """A broker instance of this test's own; its entries are removed at the end."""
+    name = f"{os.getpid()}a{next(_counter)}"
+    yield name
+    remove_instance(name)
+
+
+def queue(name: str) -> QueueRow:
+    return QueueRow(name=name, waiting=1, unacknowledged=0, consumers=0, stores={})
+
+
+def topic(name: str) -> TopicRow:
+    return TopicRow(
+        name=name,
+        subscribers=1,
+        deepest_backlog=0,
+        live_msg_high=5000,
+        live_msg_low=4000,
+        stopped="",
+        stores={},
+    )
+
+
+def consumer(destination: str) -> ConsumerRow:
+    return ConsumerRow(
+        destination=destination,
+        subscription="s",
+        gateway=0,
+        connection=1,
+        ack="auto",
+        unacknowledged=0,
+        prefetch=10,
+        unacknowledged_bytes=0,
+        window_bytes=-1,
+        backlog=0,
+        ready="yes",
+    )
+
+
+def p2p(queues: int) -> QueueWorkerStats:
+    names = [f"/queue/q{n:05d}" for n in range(queues)]
+    return QueueWorkerStats(
+        title="p2p 0",
+        pid=2,
+        at_ms=0,
+        received=0,
+        delivered=0,
+        destinations=[queue(name) for name in names],
+        destinations_not_shown=0,
+        stores={},
+        consumers=[consumer(name) for name in names[:2]],
+        consumers_not_shown=0,
+    )
+
+
+def pubsub(topics: int) -> TopicWorkerStats:
+    names = [f"/topic/t{n:05d}" for n in range(topics)]
+    return TopicWorkerStats(
+        title="pubsub 0",
+        pid=3,
+        at_ms=0,
+        received=0,
+        delivered=0,
+        destinations=[topic(name) for name in names],
+        destinations_not_shown=0,
+        stores={},
+        consumers=[consumer(name) for name in names],
+        consumers_not_shown=0,
+        durable_subscriptions=[DurableRow(name="c/d", topic=names[0], state="live")],
+    )
+
+
+def status(*stats: WorkerStats) -> StatusView:
+    return StatusView(
+        at_ms=1,
+        workers=[
+            WorkerStatus(
+                title=s.title,
+                role="x",
+                index=0,
+                state="ready",
+                pid=s.pid,
+                incarnation=0,
+                heartbeat_age_ms=0,
+                stats=s,
+            )
+            for s in stats
+        ],
+    )
+
+
+def test_flow_lists_every_destination_of_every_worker_and_names_its_worker() -> None:
+    view = flow_view(status(p2p(3000), pubsub(2000)))
+    assert len(view.destinations) == 5000
+    assert (view.destinations[0].name, view.destinations[0].worker) == ("/queue/q00000", "p2p 0")
+    assert (view.destinations[-1].name, view.destinations[-1].worker) == (
+        "/topic/t01999",
+        "pubsub 0",
+    )
+    assert len(view.consumers) == 2002
+    assert view.consumers[-1].worker == "pubsub 0"
+    assert view.durable_subscriptions[0].worker == "pubsub 0"
+    assert (
+        view.destinations_not_shown,
+        view.consumers_not_shown,
+        view.durable_subscriptions_not_shown,
+    ) == (0, 0, 0)
+
+
+def test_a_page_shows_its_slice_of_each_list_and_counts_the_rest() -> None:
+    whole = status(p2p(3), pubsub(4))
+    view = flow_view(whole, (2, 3))
+    assert [d.name for d in view.destinations] == [
+        "/queue/q00002",
+        "/topic/t00000",
+        "/topic/t00001",
+    ]
+    assert [d.worker for d in view.destinations] == ["p2p 0", "pubsub 0", "pubsub 0"]
+    assert view.destinations_not_shown == 4
+    assert [c.destination for c in view.consumers] == [
+        "/topic/t00000",
+        "/topic/t00001",
+        "/topic/t00002",
+    ]
+    assert view.consumers_not_shown == 3
+    assert (view.durable_subscriptions, view.durable_subscriptions_not_shown) == ([], 1)
+    # Past the end: nothing, everything counted.
+    empty = flow_view(whole, (100, None))
+    assert (empty.destinations, empty.destinations_not_shown) == ([], 7)
+    # Every page together is the whole list, in order.
+    pages = [flow_view(whole, (n, 2)).destinations for n in range(0, 7, 2)]
+    assert [d.name for page in pages for d in page] == [
+        d.name for d in flow_view(whole).destinations
+    ]
+
+
+def test_rows_a_worker_could_not_publish_are_counted_too() -> None:
+    view = flow_view(status(without_details(p2p(5), "no room"), pubsub(1)))
+    assert [d.name for d in view.destinations] == ["/topic/t00000"]
+    assert (view.destinations_not_shown, view.consumers_not_shown) == (5, 2)
+
+
+@pytest.mark.parametrize(
+    ("query", "page"),
+    [
+        ({}, (0, None)),
+        ({"offset": ["10"]}, (10, None)),
+        ({"limit": ["0"]}, (0, 0)),
+        ({"offset": ["1"], "limit": ["5"]}, (1, 5)),
+    ],
+)
+def test_paging_parameters(query: dict[str, list[str]], page: tuple[int, int | None]) -> None:
+    assert page_of(query) == page
+
+
+@pytest.mark.parametrize(
+    ("query", "error"),
+    [
+        ({"limit": ["ten"]}, "limit must be a whole number, not 'ten'"),
+        ({"offset": ["-1"]}, "offset must be 0 or more, not -1"),
+        ({"offset": [""]}, "offset must be a whole number, not ''"),
+        ({"page": ["2"]}, "unknown parameter 'page'"),
+    ],
+)
+def test_bad_paging_parameters_are_refused(query: dict[str, list[str]], error: str) -> None:
+    with pytest.raises(BadRequest, match=error):
+        page_of(query)
+
+
+def test_status_reads_snapshots_larger_than_their_stats_block(instance: str) -> None:
+    control = ControlBlock.create(segment_name(instance, "control"), 2)
+    blocks = {
+        slot: StatsBlock.create(segment_name(instance, f"stats-{slot}"), 4096) for slot in (0, 1)
+    }
+    try:
+        gateway = GatewayStats(
+            title="gateway 0", pid=1, at_ms=0, connections=0, stopped_producers=[], stops_known=0
+        )
+        publish(blocks[0], gateway)
+        big = p2p(2000)
+        publish(blocks[1], big)  # about 200 KB: in the spill file
+        assert blocks[1].spill_path.exists()
+        view = status_view(
+            control, blocks, [("gateway 0", "gateway", 0, 0), ("p2p 0", "p2p", 0, 1)]
+        )
+        assert [w.stats for w in view.workers] == [gateway, big]
+        assert [w.stats_error for w in view.workers] == [None, None]
+    finally:
+        for block in blocks.values():
+            block.close()
+            block.unlink()
+        control.close()
+        control.unlink()
+
+
+def test_a_snapshot_that_cannot_be_published_is_replaced_by_its_figures(
+    instance: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    block = StatsBlock.create(segment_name(instance, "stats-0"), 4096)
+    try:
+
+        def no_room(fd: int, data: object) -> int:
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+        monkeypatch.setattr(os, "write", no_room)  # the spill file cannot be written
+        big = p2p(2000)
+        publish(block, big)
+        monkeypatch.undo()
+        shown = decode(block.read(), QueueWorkerStats)
+        size = len(encode(msgspec.structs.replace(big, publish_ms=None)))
+        assert shown.error == f"state of {size} bytes cannot be published: No space left on device"
+        assert (shown.destinations, shown.destinations_not_shown) == ([], 2000)
+        assert (shown.consumers, shown.consumers_not_shown) == ([], 2)
+    finally:
+        block.close()
+        block.unlink()
+
+
+def get(server: AdminServer, path: str) -> tuple[int, Any]:
+    host, port = server.address
+    try:
+        with urllib.request.urlopen(f"http://{host}:{port}{path}", timeout=10) as reply:
+            return reply.status, json.load(reply)
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.load(exc)
+
+
+def test_the_server_pages_flow_and_refuses_bad_parameters() -> None:
+    server = AdminServer("127.0.0.1", 0, lambda: status(p2p(3), pubsub(2)))
+    server.start()
+    try:
+        code, page = get(server, "/flow?offset=1&limit=2")
+        assert code == 200
+        flow = decode(json.dumps(page), FlowView)
+        assert [d.name for d in flow.destinations] == ["/queue/q00001", "/queue/q00002"]
+        assert flow.destinations_not_shown == 3
+        code, whole = get(server, "/flow")
+        assert (code, len(whole["destinations"]), whole["destinations_not_shown"]) == (200, 5, 0)
+        assert get(server, "/flow?limit=x") == (
+            400,
+            {"error": "limit must be a whole number, not 'x'"},
+        )
+        code, _ = get(server, "/status")
+        assert code == 200
+    finally:
+        server.close()

@@ -1,0 +1,149 @@
+"""The log's defences: repeats from one address collapse into one line per window, and
+client text is cut and escaped before a line quotes it."""
+
+from __future__ import annotations
+
+import logging
+import sys
+
+import pytest
+
+from mpbroker import logs
+from mpbroker.logs import OTHER, Collapsed, Collapser, client_text, peer_address
+
+
+def test_the_first_event_is_logged_and_the_repeats_are_summed_up_when_the_window_ends() -> None:
+    c = Collapser(window_s=10)
+    assert c.admit("refused a frame", "127.0.0.1", 0.0)
+    assert not any(c.admit("refused a frame", "127.0.0.1", 0.001 * n) for n in range(1, 5212))
+    assert c.take(9.9) == []
+    [summary] = c.take(10.0)
+    assert summary == Collapsed("refused a frame", "127.0.0.1", 5211, 10.0)
+    assert summary.text() == (
+        "refused a frame: … and 5,211 more like it from 127.0.0.1 in the last 10 s"
+    )
+    assert c.take(10.5) == []  # handed out once
+
+
+def test_a_flood_that_goes_on_costs_one_line_per_window() -> None:
+    c = Collapser(window_s=10)
+    logged = [c.admit("protocol error", "10.0.0.1", t / 10) for t in range(300)]  # 30 s
+    assert logged.count(True) == 1
+    assert [s.count for s in c.take(30.0)] == [99, 100, 100]
+    # Quiet for a whole window: it closes, and the next one is logged in full again.
+    assert c.take(40.0) == [] and len(c) == 0
+    assert c.admit("protocol error", "10.0.0.1", 41.0)
+
+
+def test_kinds_and_addresses_are_collapsed_apart() -> None:
+    c = Collapser(window_s=10)
+    assert c.admit("refused a frame", "10.0.0.1", 0)
+    assert c.admit("refused a frame", "10.0.0.2", 0)
+    assert c.admit("protocol error", "10.0.0.1", 0)
+    assert not c.admit("refused a frame", "10.0.0.2", 1)
+    assert c.take(10) == [Collapsed("refused a frame", "10.0.0.2", 1, 10)]
+
+
+def test_a_window_without_repeats_ends_silently() -> None:
+    c = Collapser(window_s=10)
+    assert c.admit("refused connection", "10.0.0.1", 0)
+    assert c.take(11) == []
+    assert c.admit("refused connection", "10.0.0.1", 11)
+
+
+def test_too_many_addresses_share_one_catch_all_per_kind() -> None:
+    c = Collapser(window_s=10, max_keys=3)
+    assert all(c.admit("refused a frame", f"10.0.0.{n}", 0) for n in range(3))
+    assert c.admit("refused a frame", "10.0.1.1", 1)  # the catch-all's first line
+    assert not c.admit("refused a frame", "10.0.1.2", 2)
+    assert not c.admit("refused a frame", "10.0.1.3", 3)
+    assert len(c) == 4
+    assert c.take(11) == [Collapsed("refused a frame", OTHER, 2, 10)]
+
+
+def test_stopping_sums_up_the_open_windows_too() -> None:
+    c = Collapser(window_s=10)
+    c.admit("refused a frame", "10.0.0.1", 0)
+    c.admit("refused a frame", "10.0.0.1", 0.1)
+    c.admit("protocol error", "10.0.0.2", 0.2)
+    [summary] = c.take_all(0.45)
+    assert summary.text() == (
+        "refused a frame: … and 1 more like it from 10.0.0.1 in the last 0.5 s"
+    )
+    assert len(c) == 0
+
+
+@pytest.mark.parametrize(
+    ("text", "shown"),
+    [
+        ("/queue/orders", "/queue/orders"),
+        ("two\nlines", "two\\nlines"),
+        ("a\r\n2026-11-25 00:00:00 INFO forged", "a\\r\\n2026-11-25 00:00:00 INFO forged"),
+        ("bell\x07 esc\x1b[31m del\x7f", "bell\\x07 esc\\x1b[31m del\\x7f"),
+        ("back\\slash 'a\\nb'", "back\\slash 'a\\nb'"),  # left as it is
+        ("line\u2028sep nbsp\u00a0", "line\\u2028sep nbsp\\xa0"),
+        ("crème brûlée ☕", "crème brûlée ☕"),
+        ("\U000e0041", "\\U000e0041"),
+    ],
+)
+def test_client_text_escapes_what_could_break_or_forge_a_line(text: str, shown: str) -> None:
+    assert client_text(text) == shown
+
+
+def test_client_text_is_cut_and_says_how_much() -> None:
+    assert client_text("x" * 1200) == "x" * 200 + "… (1,000 more characters)"
+    assert client_text("\n" * 5, limit=2) == "\\n\\n… (3 more characters)"
+    assert client_text("x" * 200) == "x" * 200
+
+
+@pytest.mark.parametrize(
+    ("peer", "address"),
+    [("127.0.0.1:5000", "127.0.0.1"), ("::1:61613", "::1"), ("?", "?"), ("host", "host")],
+)
+def test_the_address_of_a_peer(peer: str, address: str) -> None:
+    assert peer_address(peer) == address
+
+
+def test_the_shell_logs_the_first_line_then_the_summary(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(logs, "_collapser", Collapser(window_s=10))
+    clock = iter([0.0, 1.0, 2.0, 12.0])
+    monkeypatch.setattr(logs.time, "monotonic", lambda: next(clock))
+    log = logging.getLogger("mpbroker.test")
+    with caplog.at_level(logging.INFO):
+        for n in range(3):
+            logs.log_collapsed(
+                log,
+                logging.WARNING,
+                "refused a frame",
+                f"127.0.0.1:{5000 + n}",
+                "refused a frame from %s: %s",
+                f"127.0.0.1:{5000 + n}",
+                client_text(f"bad\n{n}"),
+            )
+        logs.flush_collapsed()
+    assert [(r.levelname, r.getMessage()) for r in caplog.records] == [
+        ("WARNING", "refused a frame from 127.0.0.1:5000: bad\\n0"),
+        (
+            "WARNING",
+            "refused a frame: … and 2 more like it from 127.0.0.1 in the last 12 s",
+        ),
+    ]
+
+
+def test_every_message_stays_on_its_line_but_a_traceback_keeps_its_lines() -> None:
+    formatter = logs.LineFormatter("%(levelname)s %(message)s")
+    record = logging.LogRecord(
+        "mpbroker.p2p", logging.INFO, __file__, 1, "flow: producers to %s stopped", ("/q\nx",), None
+    )
+    assert formatter.format(record) == "INFO flow: producers to /q\\nx stopped"
+    try:
+        raise ValueError("boom")
+    except ValueError:
+        failed = logging.LogRecord(
+            "mpbroker", logging.ERROR, __file__, 1, "a\x1bb", (), sys.exc_info()
+        )
+    lines = formatter.format(failed).splitlines()
+    assert lines[0] == "ERROR a\\x1bb"
+    assert lines[1] == "Traceback (most recent call last):" and lines[-1] == "ValueError: boom"
