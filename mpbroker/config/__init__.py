@@ -5,7 +5,8 @@ with a `ConfigError` that names the key, the value and what is allowed.
 
 * `_schema`: the sections, their settings with unit, default, range and documentation; `Config`.
 * `_units`: KiB/MiB/GiB, `parse_size`, `format_bytes` (the one definition of each).
-* `_values`: settings that are small languages (MemWatch levels, expiry log fields).
+* `_values`: settings that are small languages (MemWatch levels, expiry log fields, the
+  disk free limit).
 * `_load`: TOML and mappings in, a validated `Config` out; `replace_settings`.
 * `_validate`: limits that contradict each other.
 * `_reload`: what SIGHUP may change, and how each component applies it.
@@ -38,7 +39,7 @@ from ._schema import (
     TransactionSettings,
 )
 from ._units import GiB, KiB, MiB, format_bytes, parse_size
-from ._values import MemLevel, parse_levels, parse_log_fields
+from ._values import DiskFreeLimit, MemLevel, parse_disk_free_limit, parse_levels, parse_log_fields
 
 __all__ = [
     "DEFAULT_QUOTA",
@@ -52,6 +53,7 @@ __all__ = [
     "Config",
     "ConfigError",
     "DestinationSettings",
+    "DiskFreeLimit",
     "FlowSettings",
     "GiB",
     "KiB",
@@ -73,6 +75,7 @@ __all__ = [
     "format_bytes",
     "iter_settings",
     "load_config",
+    "parse_disk_free_limit",
     "parse_levels",
     "parse_log_fields",
     "parse_size",

@@ -52,6 +52,8 @@ def _coerce(key: str, value: object, f: dataclasses.Field[Any]) -> Any:
             raise ConfigError(key, value, allowed + " (or a size such as '16MiB')") from None
     if kind is float and isinstance(value, int) and not isinstance(value, bool):
         value = float(value)
+    if meta.get("share") and isinstance(value, int) and not isinstance(value, bool):
+        value = str(value)  # bytes, as the text would say them
     # bool is a subclass of int in Python; `gateways = true` is a mistake, not 1.
     if not isinstance(value, kind) or (kind is not bool and isinstance(value, bool)):
         raise ConfigError(key, value, allowed)

@@ -54,10 +54,13 @@ def _setting(
     max: float | None = None,
     choices: tuple[str, ...] | None = None,
     size: bool = False,
+    share: bool = False,
 ) -> Any:
     """A dataclass field that carries its documentation and its allowed range (`size`: an
-    integer that also takes a size string such as '16MiB', as `*_bytes` settings do)."""
+    integer that also takes a size string such as '16MiB', as `*_bytes` settings do;
+    `share`: a text that is a size or a share such as '5%', and takes an integer too)."""
     metadata = {"doc": doc, "min": min, "max": max, "choices": choices, "size": size}
+    metadata["share"] = share
     return field(default=default, metadata=metadata)
 
 
@@ -229,6 +232,30 @@ class TransactionSettings:
         "message bytes held in open transactions, over all connections of one gateway",
         min=1,
     )
+    # iBus's transaction manager bounds each connection too, so one connection's big
+    # transaction need not cost another its small one (issue 14). -1 keeps the old
+    # behaviour, one connection may use the whole total, and follows the total when it is
+    # changed (a fixed default would have to be changed with it).
+    max_uncommitted_bytes_per_connection: int = _setting(
+        -1,
+        "message bytes one connection may hold in its open transactions "
+        "(-1 = up to max_uncommitted_bytes)",
+        min=-1,
+        size=True,
+    )
+    # iBus's txmemsizereducestategy (MAXBYTES, MAXMESSAGES, OLDESTTX, YOUNGESTTX, ALL, NONE).
+    reduce_strategy: str = _setting(
+        "max_bytes",
+        "which open transactions of other connections are discarded (ERROR, connection "
+        "closed) when a SEND would pass max_uncommitted_bytes; none refuses that SEND",
+        choices=("max_bytes", "max_messages", "oldest_tx", "youngest_tx", "all", "none"),
+    )
+    timeout_ms: int = _setting(
+        0,
+        "a transaction open longer than this is rolled back and its connection closed "
+        "with an ERROR (0 = never)",
+        min=0,
+    )
     max_open_per_connection: int = _setting(
         100, "transactions one connection may have open at once", min=1
     )
@@ -293,6 +320,14 @@ class StoreSettings:
         "...and the most body bytes those cached messages may hold together",
         min=0,
         size=True,
+    )
+    # RabbitMQ's disk_free_limit (its default is 50 MB): persistent producers stop before the
+    # filesystem is full, so that consumers can always drain.
+    disk_free_limit_bytes: str = _setting(
+        "64MiB",
+        "free space on a store's filesystem below which persistent producers to it are "
+        "stopped (flow control); a size, or a share of the filesystem such as '5%'; 0 = off",
+        share=True,
     )
     # SQLite's own default is 2000 KiB per connection, and a store keeps one connection
     # per segment file it reads: that is memory the budget must see.
@@ -375,7 +410,10 @@ class AdminSettings:
         500, "how often every worker publishes its state for the admin API", min=10
     )
     stats_bytes: int = _setting(
-        256 * KiB, "room for one worker's published state (the rest is cut)", min=4096
+        256 * KiB,
+        "room for one worker's published state in shared memory (a larger one goes to a "
+        "spill file in /dev/shm)",
+        min=4096,
     )
 
 

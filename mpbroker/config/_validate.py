@@ -5,7 +5,7 @@ from __future__ import annotations
 from ._errors import ConfigError
 from ._schema import Config, StoreFlowSettings
 from ._units import GiB
-from ._values import parse_levels, parse_log_fields
+from ._values import parse_disk_free_limit, parse_levels, parse_log_fields
 
 __all__ = ["check_consistency", "check_watermark"]
 
@@ -70,8 +70,29 @@ def _check_quotas(config: Config) -> None:
             )
 
 
+def _check_transactions(config: Config) -> None:
+    transactions = config.transactions
+    per_connection = transactions.max_uncommitted_bytes_per_connection
+    if per_connection == 0:
+        raise ConfigError(
+            "transactions.max_uncommitted_bytes_per_connection",
+            0,
+            "no transaction could hold a message (-1 = up to max_uncommitted_bytes)",
+        )
+    # Refused rather than clamped: the operator meant a number the broker would not keep.
+    if per_connection > transactions.max_uncommitted_bytes:
+        raise ConfigError(
+            "transactions.max_uncommitted_bytes_per_connection",
+            per_connection,
+            "must not exceed transactions.max_uncommitted_bytes = "
+            f"{transactions.max_uncommitted_bytes} (-1 = up to it)",
+        )
+
+
 def check_consistency(config: Config) -> None:
     """Limits that contradict each other are refused, naming both numbers."""
+    _check_transactions(config)
+    _check_disk_free_limit(config)
     prefix = config.queues.dead_letter_prefix
     if not prefix or any(c in prefix for c in "/\r\n:") or prefix != prefix.strip():
         raise ConfigError(
@@ -119,6 +140,14 @@ def _check_rate_flow(config: Config) -> None:
             raise ConfigError(
                 f"{where}.flow_minimum", low, f"must not exceed flow_maximum = {high}"
             )
+
+
+def _check_disk_free_limit(config: Config) -> None:
+    text = config.store.disk_free_limit_bytes
+    try:
+        parse_disk_free_limit(text)
+    except ValueError as exc:
+        raise ConfigError("store.disk_free_limit_bytes", text, str(exc)) from None
 
 
 def _check_expiry(config: Config) -> None:

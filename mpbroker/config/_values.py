@@ -1,13 +1,16 @@
-"""Settings whose value is a small language of its own: MemWatch's levels and the expiry
-log's fields. Pure: the config validates them with these parsers, and the components that
+"""Settings whose value is a small language of its own: MemWatch's levels, the expiry
+log's fields, the disk free limit (bytes or a share). Pure: the config validates them with these parsers, and the components that
 use them (MemWatch, the workers' garbage collection, the expiry policies) parse them with
 the same ones."""
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
-__all__ = ["MemLevel", "parse_levels", "parse_log_fields"]
+from ._units import parse_size
+
+__all__ = ["DiskFreeLimit", "MemLevel", "parse_disk_free_limit", "parse_levels", "parse_log_fields"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,3 +45,33 @@ def parse_log_fields(text: str) -> tuple[str, ...]:
     if not names or any(not name for name in names):
         raise ValueError(f"{text!r}: a comma-separated list of %header%, %properties% or names")
     return names
+
+
+_PERCENT = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*%\s*$")
+
+
+@dataclass(frozen=True, slots=True)
+class DiskFreeLimit:
+    """`store.disk_free_limit_bytes`: bytes, or a share of the filesystem (0-1)."""
+
+    bytes: int = 0
+    share: float = 0.0
+
+    def of(self, total_bytes: int) -> int:
+        """The limit in bytes on a filesystem of `total_bytes` (0: no limit)."""
+        return int(total_bytes * self.share) if self.share else self.bytes
+
+
+def parse_disk_free_limit(text: str) -> DiskFreeLimit:
+    """'64MiB', '67108864' or '5%' (of the filesystem); '0' switches it off; ValueError
+    saying what is wrong."""
+    m = _PERCENT.match(text)
+    if m:
+        share = float(m.group(1)) / 100
+        if not share < 1:
+            raise ValueError("a share of the filesystem must be below 100%")
+        return DiskFreeLimit(share=share)
+    try:
+        return DiskFreeLimit(bytes=parse_size(text))
+    except ValueError:
+        raise ValueError("a size such as '64MiB', or a share such as '5%'") from None

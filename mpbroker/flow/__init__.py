@@ -10,6 +10,7 @@ producers and only falling to `low` starts them again.
   while armed, linear recovery after).
 * `QuotaSettings`, `QuotaPolicy`, `Quota`: WebLogic-style named quotas with FIFO or
   preemptive service of waiting senders.
+* `DiskFree`: RabbitMQ's disk_free_limit on a store's filesystem.
 * `FlowGate`, `Stop`: a gateway's view of its pipelines' stops: which SEND must wait.
 * `store_limits`: a config section's watermarks as `StoreLimits`.
 * `expired_log_line`: the expiry policies' log format (its fields: config.parse_log_fields).
@@ -18,6 +19,7 @@ No sockets, no clocks, no stores: callers pass in amounts and the current time, 
 workers wire the results to rings and gateways.
 """
 
+from ._disk import DiskFree
 from ._expiry import (
     DISCARD,
     EXPIRY_POLICIES,
@@ -27,6 +29,7 @@ from ._expiry import (
     expiry_policies,
 )
 from ._gate import (
+    STORE_DISK,
     STORE_LIVE,
     STORE_MEMORY,
     STORE_PERSISTENT_QUEUES,
@@ -56,6 +59,7 @@ __all__ = [
     "HEADER_FIELDS",
     "NO_LIMIT",
     "OFF",
+    "STORE_DISK",
     "STORE_LIVE",
     "STORE_MEMORY",
     "STORE_PERSISTENT_QUEUES",
@@ -63,6 +67,7 @@ __all__ = [
     "STORE_TEMP",
     "STORE_TOPICS",
     "STORE_VOLATILE_QUEUES",
+    "DiskFree",
     "ExpiryPolicy",
     "FlowChange",
     "FlowGate",

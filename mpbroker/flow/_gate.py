@@ -14,6 +14,7 @@ from mpbroker.records import FlowState
 from mpbroker.routing import Topology, UnknownDestination, parse_destination
 
 __all__ = [
+    "STORE_DISK",
     "STORE_LIVE",
     "STORE_MEMORY",
     "STORE_PERSISTENT_QUEUES",
@@ -33,6 +34,7 @@ STORE_LIVE: Final = "topics"  # the topic live buffer: slow subscribers
 STORE_QUOTAS: Final = "quotas"  # named quotas: senders wait in the owner
 STORE_TEMP: Final = "temp_store"  # paged non-persistent bodies: the temp store is full
 STORE_MEMORY: Final = "memory"  # MemWatch: a large message waits while memory is short
+STORE_DISK: Final = "disk"  # the store's filesystem is below store.disk_free_limit_bytes
 
 # (pipeline, store, destination or "" for the whole store)
 _Key = tuple[int, str, str]
@@ -80,12 +82,14 @@ class FlowGate:
             return None  # the session refuses it, with the reason
         if kind == "queue":
             stores: tuple[str, ...] = (
-                (STORE_PERSISTENT_QUEUES, STORE_QUOTAS)
+                (STORE_DISK, STORE_PERSISTENT_QUEUES, STORE_QUOTAS)
                 if persistent
                 else (STORE_VOLATILE_QUEUES, STORE_TEMP, STORE_QUOTAS)
             )
         else:
-            stores = (STORE_LIVE, STORE_TOPICS) if persistent else (STORE_LIVE, STORE_TEMP)
+            stores = (
+                (STORE_DISK, STORE_LIVE, STORE_TOPICS) if persistent else (STORE_LIVE, STORE_TEMP)
+            )
         for store in stores:
             for scope in (destination, ""):
                 reason = self.stops.get((pipeline, store, scope))

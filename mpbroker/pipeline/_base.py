@@ -15,7 +15,8 @@ Shared by both kinds:
 - flow control's announcements: the stops and releases of every watched store go to every
   gateway (`FlowState`), and a restarted gateway hears the stops in force;
 - the engines' clock and their expiry scans;
-- paging of non-persistent messages to the temp store.
+- paging of non-persistent messages to the temp store;
+- the store's free disk space (`DiskWatch`): persistent producers stop below the limit.
 """
 
 from __future__ import annotations
@@ -28,9 +29,10 @@ from typing import ClassVar, Final
 from mpbroker.admin import QueueWorkerStats, TopicWorkerStats
 from mpbroker.config import Config
 from mpbroker.engine import Engine, Outbox, QueueEngine
-from mpbroker.flow import STORE_TEMP, FlowTracker
+from mpbroker.flow import STORE_DISK, STORE_TEMP, FlowTracker
 from mpbroker.records import FlowState, Hello, PipelineHello, Record, Registered, Subscribe
 
+from ._disk import DiskWatch
 from ._paging import VolatilePaging
 
 __all__ = ["Pipeline"]
@@ -60,6 +62,7 @@ class Pipeline(ABC):
         outbox: Outbox,
         queue_engine: QueueEngine,
         paging: VolatilePaging | None,
+        disk: DiskWatch | None = None,
     ) -> None:
         self.index = index
         self.incarnation = incarnation
@@ -68,6 +71,8 @@ class Pipeline(ABC):
         self.outbox = outbox
         self.queue_engine = queue_engine
         self.paging = paging
+        # The store's filesystem against store.disk_free_limit_bytes (None: not watched).
+        self.disk = disk
         self._unregistered: set[int] = set(range(gateways)) if incarnation else set()
         self._held: list[tuple[int, Record]] = []
         self._hold_until = time.monotonic() + _HOLD_TIMEOUT_S
@@ -135,6 +140,10 @@ class Pipeline(ABC):
             stopped = self.paging.step(memwatch_level)
             if stopped is not None:
                 self._announce(FlowState(self.index, STORE_TEMP, "", self._temp_stop(stopped)))
+        if self.disk is not None:
+            change = self.disk.check(time.monotonic())
+            if change is not None:
+                self._announce(FlowState(self.index, STORE_DISK, "", change))
         self._announce_flow_changes()
 
     def take_output(self) -> dict[int, list[Record]]:
@@ -223,6 +232,8 @@ class Pipeline(ABC):
         states += self._flow_in_force_extra()
         if self.paging is not None and self.paging.stopped:
             states.append(FlowState(index, STORE_TEMP, "", self._temp_stop(True)))
+        if self.disk is not None and self.disk.stopped:
+            states.append(FlowState(index, STORE_DISK, "", self.disk.reason))
         return states
 
     def _announce_flow_changes(self) -> None:

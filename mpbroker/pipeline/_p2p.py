@@ -30,6 +30,7 @@ from mpbroker.routing import Topology
 from mpbroker.stores import MessageStore, TempStore
 
 from ._base import Pipeline
+from ._disk import DiskWatch
 from ._paging import VolatilePaging, queue_paging_mark, volatile_limits
 from ._persistence import QueuePersistence, index_cache
 from ._quota import QuotaWaitingRoom
@@ -86,7 +87,8 @@ class P2PPipeline(Pipeline):
         paging = None
         if temp_store is not None:
             paging = VolatilePaging(engine, temp_store, config, queue_paging_mark)
-        super().__init__(index, incarnation, gateways, config, outbox, engine, paging)
+        disk = DiskWatch(store.directory, config)
+        super().__init__(index, incarnation, gateways, config, outbox, engine, paging, disk)
         self.persistence = QueuePersistence(store, engine, outbox, config)
         self.quota_room = (
             QuotaWaitingRoom(quotas, outbox, lambda d: self.config.send_timeout_ms(d))

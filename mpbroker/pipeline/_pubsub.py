@@ -29,6 +29,7 @@ from mpbroker.records import Barrier, FlowState, Record, ReplayBatch, ReplayHell
 from mpbroker.stores import TempStore, TopicStore
 
 from ._base import Pipeline
+from ._disk import DiskWatch
 from ._durable import Durables
 from ._paging import VolatilePaging, live_byte_mark, topic_paging_mark
 
@@ -94,7 +95,8 @@ class PubSubPipeline(Pipeline):
             paging = VolatilePaging(self.topics, temp_store, config, topic_paging_mark)
         # The durable subscriptions' own queues: windows, acks and redelivery.
         queues = QueueEngine(config.queues, index, outbox, window_bytes_for=windows)
-        super().__init__(index, incarnation, gateways, config, outbox, queues, paging)
+        disk = DiskWatch(store.messages.directory, config)
+        super().__init__(index, incarnation, gateways, config, outbox, queues, paging, disk)
         self.flow_stored = FlowTracker(
             store_limits(config.topic_store), destination_limits(config, STORE_TOPICS)
         )

@@ -23,6 +23,7 @@ from typing import Final
 from mpbroker.config import Config
 from mpbroker.errors import LimitReached
 from mpbroker.flow import (
+    STORE_DISK,
     STORE_MEMORY,
     FlowGate,
     RateFlow,
@@ -146,11 +147,16 @@ class Admission:
         """The refusal of a SEND still held by `stop` when its send timeout ran out."""
         destination = frame.headers.get("destination", "")
         timeout = self.config.send_timeout_ms(destination)
-        where = f"{stop.store}.{stop.reason.split(' ')[0]}"
-        whose = "its destination" if stop.destination else "the store"
-        return LimitReached(
-            destination,
-            stop.reason,
-            detail=f"The message was not accepted: {whose} stayed over {where} for "
-            f"send_timeout_ms {timeout}.",
-        )
+        if stop.store == STORE_DISK:
+            detail = (
+                "The message was not accepted: its store's filesystem stayed below "
+                f"store.disk_free_limit_bytes for send_timeout_ms {timeout}."
+            )
+        else:
+            where = f"{stop.store}.{stop.reason.split(' ')[0]}"
+            whose = "its destination" if stop.destination else "the store"
+            detail = (
+                f"The message was not accepted: {whose} stayed over {where} for "
+                f"send_timeout_ms {timeout}."
+            )
+        return LimitReached(destination, stop.reason, detail=detail)

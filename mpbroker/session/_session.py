@@ -62,8 +62,9 @@ from mpbroker.stomp import (
 )
 
 from ._state import READING, WRITING, Event, SessionState, SessionStateError, transition
+from ._transactions import TransactionBudget
 
-__all__ = ["GatewaySession", "SessionError", "SessionOutput", "TransactionBudget"]
+__all__ = ["GatewaySession", "SessionError", "SessionOutput"]
 
 BROKER_NAME = "mpbroker"
 
@@ -93,15 +94,6 @@ _ARTICLE = {"id": "an"}
 class SessionError(Refusal):
     """Something the client did wrong: becomes an ERROR frame (answering the frame's
     receipt, if it asked for one), then the connection closes."""
-
-
-class TransactionBudget:
-    """Bytes held in open transactions by all connections of one gateway (shared by their
-    sessions: `transactions.max_uncommitted_bytes` is a budget of the gateway process)."""
-
-    def __init__(self, limit: int) -> None:
-        self.limit = limit
-        self.used = 0
 
 
 @dataclass(eq=False, slots=True)
@@ -149,9 +141,11 @@ def _message_tail(message: Message, version: str) -> memoryview:
 
 @dataclass(eq=False, slots=True)
 class _Transaction:
+    """An open transaction's frames, held until COMMIT (its bytes are counted in the
+    gateway's `TransactionBudget`)."""
+
     name: str
     routes: list[tuple[int, Record]] = field(default_factory=list)
-    held_bytes: int = 0
 
 
 @dataclass(slots=True)
@@ -210,6 +204,8 @@ class GatewaySession:
         # The pipelines this connection sent anything to: they hear of its end.
         self._touched: set[int] = set()
         self._transactions: dict[str, _Transaction] = {}
+        # The ERROR message of a discard of our transactions not yet reported to the shell.
+        self._discard_reason = ""
         self._pending_receipts: dict[int, _PendingReceipt] = {}
         # Auto-ack deliveries per subscription handle: in `_data` (not taken yet), and taken
         # but not yet handed to the socket; credited at `data_sent()`.
@@ -278,6 +274,10 @@ class GatewaySession:
         """Handle one client frame; a client mistake becomes an ERROR and CLOSING."""
         if self._state not in READING:
             raise SessionStateError(self._state, f"frame {frame.command}")
+        # A transaction of ours discarded (for another connection's SEND, or timed out)
+        # is said before anything else is handled: a COMMIT must not deliver it.
+        if self._transactions and self._apply_discard(now_ms, frame.headers.get("receipt", "")):
+            return
         try:
             self._dispatch(frame, now_ms)
         except Refusal as exc:
@@ -305,6 +305,19 @@ class GatewaySession:
                 f"(negotiated heart-beat {expected} ms)"
             )
         self._fail(reason)
+        return reason
+
+    def check_transactions(self, now_ms: int) -> str:
+        """The shell's turn for transaction limits (`TransactionBudget.take_to_tell` named
+        this connection, or the clock moved): transactions open past
+        `transactions.timeout_ms` at `now_ms` are discarded, and if any of this connection's
+        were discarded (maybe for another connection's SEND), an ERROR naming the
+        transaction, the limit and the strategy goes out and the connection closes.
+        Returns that ERROR's message the first time it is asked after the discard ("" else),
+        for the shell's log."""
+        if self._transactions:
+            self._apply_discard(now_ms)
+        reason, self._discard_reason = self._discard_reason, ""
         return reason
 
     def broker_stopping(self) -> None:
@@ -408,17 +421,9 @@ class GatewaySession:
         if tx is None:
             self._route(pipeline, Send(self.conn, message, headers.get("receipt", "")))
             return
-        size = message_size(message)
-        budget = self.tx_budget
-        if budget.used + size > budget.limit:
-            raise LimitReached(
-                "transactions",
-                "max_uncommitted_bytes",
-                budget.limit,
-                f"transaction {tx.name!r} would hold {budget.used + size} bytes on this gateway",
-            )
-        budget.used += size
-        tx.held_bytes += size
+        # Refused (LimitReached) or counted, maybe after discarding other connections'
+        # transactions to make room (they hear of it through the budget).
+        self.tx_budget.hold(self.conn, tx.name, message_size(message))
         # Answered now (the frame is accepted into the transaction), so the record that
         # goes to the pipeline at COMMIT carries no receipt of its own.
         tx.routes.append((pipeline, Send(self.conn, message)))
@@ -610,6 +615,7 @@ class GatewaySession:
         if len(self._transactions) >= limit:
             raise LimitReached("transactions", "max_open_per_connection", limit)
         self._transactions[name] = _Transaction(name)
+        self.tx_budget.begin(self.conn, name, now_ms)
         self._immediate_receipt(frame)
 
     def _commit(self, frame: Frame, now_ms: int) -> None:
@@ -834,10 +840,24 @@ class GatewaySession:
         tx = self._transactions.pop(name, None)
         if tx is None:
             raise SessionError(f"no open transaction {name!r}")
-        self.tx_budget.used -= tx.held_bytes
+        self.tx_budget.end(self.conn, name)
         return tx
 
     def _abort_all(self) -> None:
-        for tx in self._transactions.values():
-            self.tx_budget.used -= tx.held_bytes
         self._transactions.clear()
+        self.tx_budget.end_connection(self.conn)
+
+    def _apply_discard(self, now_ms: int, receipt: str = "") -> bool:
+        """Say (ERROR, closing) that the budget discarded our open transactions, if it did
+        (timeouts judged at `now_ms` first); True if so. Nothing of them is ever routed."""
+        budget = self.tx_budget
+        budget.expire(now_ms)
+        discarded = budget.take_discarded(self.conn)
+        if discarded is None:
+            return False
+        # The budget dropped every one of them (the ERROR closes the connection).
+        self._transactions.clear()
+        error = discarded.error
+        self._discard_reason = error.message
+        self._fail(error.message, error.detail, receipt)
+        return True

@@ -25,6 +25,7 @@ from mpbroker import records
 from mpbroker.admin import GatewayStats, HeldSend
 from mpbroker.clock import epoch_ms
 from mpbroker.flow import FlowGate, Stop
+from mpbroker.logs import client_text, log_collapsed
 from mpbroker.records import Hello, Record
 from mpbroker.session import (
     Admission,
@@ -189,7 +190,7 @@ class Gateway:
         # MESSAGE frame on the encoder's slow path.
         prefix = f"ID-{layout.instance}-{spec.index}.{spec.incarnation}-"
         self.message_ids = (f"{prefix}{n}" for n in itertools.count(1))
-        self.tx_budget = TransactionBudget(self.config.transactions.max_uncommitted_bytes)
+        self.tx_budget = TransactionBudget.from_settings(self.config.transactions)
         stomp = self.config.stomp
         self.limits = FrameLimits(
             max_frame_bytes=stomp.max_frame_bytes,
@@ -256,6 +257,8 @@ class Gateway:
                 self.route(pending_routes)
             # The heartbeat says the event loop turns, busy or idle (park times out).
             reloaded = self.base.turn()
+            # So does the transaction timeout: idle connections' transactions expire too.
+            self.check_transactions(epoch_ms())
             if self.control.memwatch_level != self.memory_level:
                 self.memory_level = self.control.memwatch_level
                 self._flow_changed()  # large SENDs held for memory may go now
@@ -292,7 +295,16 @@ class Gateway:
             case records.Refuse(conn=conn_id):
                 conn = self.connections.get(conn_id)
                 if conn is not None:
-                    log.warning("refused a frame from %s: %s", conn.peer, record.message)
+                    # One per frame a client pipelined, naming its destination: collapsed.
+                    log_collapsed(
+                        log,
+                        logging.WARNING,
+                        "refused a frame",
+                        conn.peer,
+                        "refused a frame from %s: %s",
+                        conn.peer,
+                        client_text(record.message),
+                    )
                     conn.session.refused(record)
                     touched.add(conn)
             case records.BarrierDone(conn=conn_id, token=token, pipeline=pipeline):
@@ -315,6 +327,31 @@ class Gateway:
                 self._flow_changed()
             case _:
                 log.error("unexpected record from a pipeline: %r", type(record).__name__)
+
+    def check_transactions(self, now_ms: int) -> None:
+        """Open transactions the budget discarded, for another connection's SEND
+        (`transactions.reduce_strategy`) or for their age (`timeout_ms`): their sessions
+        write the ERROR, which closes their connections."""
+        budget = self.tx_budget
+        budget.expire(now_ms)
+        for conn_id in budget.take_to_tell():
+            conn = self.connections.get(conn_id)
+            if conn is None:
+                continue  # gone already: closing it dropped its transactions
+            reason = conn.session.check_transactions(now_ms)
+            if reason:
+                # Once per connection (it closes), but the text names a client's
+                # transaction, and one client may open many connections.
+                log_collapsed(
+                    log,
+                    logging.INFO,
+                    "closing a connection: transaction discarded",
+                    conn.peer,
+                    "closing %s: %s",
+                    conn.peer,
+                    client_text(reason),
+                )
+            self.flush(conn)
 
     def _flow_changed(self) -> None:
         self.flow_changed.set()
@@ -397,7 +434,15 @@ class Gateway:
         except Exception:
             # One connection's failure must never take the gateway (and every other
             # connection on it) down.
-            log.exception("connection from %s failed", peer)
+            log_collapsed(
+                log,
+                logging.ERROR,
+                "connection failed",
+                peer,
+                "connection from %s failed",
+                peer,
+                exc_info=True,
+            )
         finally:
             del self.connections[conn_id]
             self.slot.add_counter(COUNTER_CONNECTIONS, -1)
@@ -408,7 +453,15 @@ class Gateway:
 
     async def _refuse(self, stream: trio.SocketStream, peer: str, limit: int) -> None:
         reason = "broker is shutting down" if self.stopping else f"max_connections {limit} reached"
-        log.warning("refused connection from %s: %s", peer, reason)
+        log_collapsed(
+            log,
+            logging.WARNING,
+            "refused connection",
+            peer,
+            "refused connection from %s: %s",
+            peer,
+            reason,
+        )
         frame = Frame("ERROR", {"message": f"connection refused: {reason}"})
         with trio.move_on_after(1), contextlib.suppress(trio.BrokenResourceError):
             await stream.send_all(encode_frame(frame))
@@ -440,7 +493,21 @@ class Gateway:
                 except (trio.BrokenResourceError, trio.ClosedResourceError):
                     data = b""
             if scope.cancelled_caught:
-                log.info("closing %s: %s", conn.peer, session.timed_out(stomp.heartbeat_grace))
+                # Two kinds, so one does not hide the other's first line.
+                late = (
+                    "no CONNECT"
+                    if session.state is SessionState.AWAITING_CONNECT
+                    else "no heart-beat"
+                )
+                log_collapsed(
+                    log,
+                    logging.INFO,
+                    f"closing a connection: {late}",
+                    conn.peer,
+                    "closing %s: %s",
+                    conn.peer,
+                    session.timed_out(stomp.heartbeat_grace),
+                )
                 break
             if not data:
                 session.closed()  # the client went away: nothing more can be written to it
@@ -448,7 +515,15 @@ class Gateway:
             try:
                 frames = parser.feed(data)
             except ProtocolError as exc:
-                log.warning("protocol error from %s: %s", conn.peer, exc)
+                log_collapsed(
+                    log,
+                    logging.WARNING,
+                    "protocol error",
+                    conn.peer,
+                    "protocol error from %s: %s",
+                    conn.peer,
+                    client_text(str(exc)),
+                )
                 session.frame_error(exc)
                 frames = []
             now = epoch_ms()
@@ -465,6 +540,8 @@ class Gateway:
                         now = epoch_ms()
                 session.frame_received(frame, now)
                 parser.version = session.version  # CONNECT may have changed it
+            # A SEND may have discarded other connections' transactions: they say so now.
+            self.check_transactions(now)
             self.slot.add_counter(COUNTER_FRAMES_IN, len(frames))
             for port in self.flush(conn):
                 # A full ring: read nothing more until what we sent is in it.
@@ -494,7 +571,15 @@ class Gateway:
         if stop is None:
             return _WAITED
         refusal = admission.refusal(frame, stop)
-        log.info("refused a SEND from %s: %s", conn.peer, refusal.message)
+        log_collapsed(
+            log,
+            logging.INFO,
+            "refused a SEND",
+            conn.peer,
+            "refused a SEND from %s: %s",
+            conn.peer,
+            client_text(refusal.message),
+        )
         conn.session.refuse(frame, refusal)
         return _REFUSED
 

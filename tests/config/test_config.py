@@ -168,6 +168,14 @@ def test_size_strings_are_only_for_byte_settings() -> None:
         ("queues", "prefetch", 0, "must be an integer >= 1"),
         ("topics", "max_pending_messages", 0, "must be an integer >= 1"),
         ("transactions", "max_open_per_connection", 0, "must be an integer >= 1"),
+        ("transactions", "max_uncommitted_bytes_per_connection", -2, "must be an integer >= -1"),
+        ("transactions", "timeout_ms", -1, "must be an integer >= 0"),
+        (
+            "transactions",
+            "reduce_strategy",
+            "MAXBYTES",
+            "allowed: 'max_bytes', 'max_messages', 'oldest_tx', 'youngest_tx', 'all', 'none'",
+        ),
     ],
 )
 def test_a_bad_value_names_the_key_the_value_and_what_is_allowed(
@@ -269,6 +277,44 @@ def test_a_header_line_cannot_be_longer_than_a_frame() -> None:
     assert error.key == "stomp.max_header_bytes"
     assert error.value == 1001
     assert "stomp.max_frame_bytes = 1000" in error.allowed
+
+
+def test_transaction_memory_defaults_keep_one_connection_free_to_use_the_whole_total() -> None:
+    transactions = Config().transactions
+    assert transactions.max_uncommitted_bytes_per_connection == -1  # up to the total
+    assert transactions.reduce_strategy == "max_bytes"
+    assert transactions.timeout_ms == 0
+    config = config_from_mapping(
+        {"transactions": {"max_uncommitted_bytes_per_connection": "512KiB", "timeout_ms": 30000}}
+    )
+    assert config.transactions.max_uncommitted_bytes_per_connection == 512 * KiB
+
+
+def test_a_per_connection_transaction_limit_above_the_total_is_refused_naming_both() -> None:
+    error = refused(
+        {
+            "transactions": {
+                "max_uncommitted_bytes": "1MiB",
+                "max_uncommitted_bytes_per_connection": "2MiB",
+            }
+        }
+    )
+    assert error.key == "transactions.max_uncommitted_bytes_per_connection"
+    assert error.value == 2 * MiB
+    assert error.allowed == (
+        f"must not exceed transactions.max_uncommitted_bytes = {MiB} (-1 = up to it)"
+    )
+    equal = {"max_uncommitted_bytes": 1000, "max_uncommitted_bytes_per_connection": 1000}
+    assert (
+        config_from_mapping({"transactions": equal}).transactions
+        == replace_settings(Config(), "transactions", **equal).transactions
+    )
+
+
+def test_a_per_connection_transaction_limit_of_zero_is_refused() -> None:
+    error = refused({"transactions": {"max_uncommitted_bytes_per_connection": 0}})
+    assert error.key == "transactions.max_uncommitted_bytes_per_connection"
+    assert "no transaction could hold a message" in error.allowed
 
 
 # -- Config.replace --------------------------------------------------------------------------

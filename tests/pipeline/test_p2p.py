@@ -206,3 +206,24 @@ def test_after_a_clean_stop_only_what_was_delivered_comes_back_redelivered(
     # The mark is taken at start: after a crash of this run, everything is flagged again.
     third = open_pipeline(incarnation=2)
     assert all(m.redelivered for m in third.queue_engine.queues["/queue/q"].pending)
+
+
+def test_the_disk_free_limit_stops_persistent_producers_and_is_told_to_a_new_gateway(
+    open_pipeline: Any,
+) -> None:
+    pipeline = open_pipeline()
+    assert pipeline.disk is not None
+    free = [10 * 1024**3]
+    pipeline.disk.read = lambda directory: (free[0], 100 * 1024**3)
+    turn(pipeline)
+    free[0] = 1024**2  # 1 MiB: below the default 64 MiB
+    pipeline.disk._next_check = 0.0  # (read once a second: now)
+    out = turn(pipeline)
+    stop = FlowState(0, "disk", "", f"disk_free_limit {64 * 1024**2}")
+    assert of_type(out, FlowState, 0) == [stop] and of_type(out, FlowState, 1) == [stop]
+    out = turn(pipeline, (1, Hello(1, 1)))  # a restarted gateway hears it again
+    assert stop in of_type(out, FlowState, 1)
+    free[0] = 10 * 1024**3
+    pipeline.disk._next_check = 0.0
+    out = turn(pipeline)
+    assert of_type(out, FlowState, 0) == [FlowState(0, "disk", "", "")]

@@ -34,6 +34,7 @@ from mpbroker.records import (
 from mpbroker.routing import Topology
 from mpbroker.session import (
     GatewaySession,
+    ReduceStrategy,
     SessionOutput,
     SessionState,
     SessionStateError,
@@ -832,27 +833,141 @@ def test_commit_frees_the_budget() -> None:
     assert budget.used == 0
 
 
-def test_the_uncommitted_bytes_budget_is_shared_by_the_gateways_connections() -> None:
-    budget = TransactionBudget(100)
-    one, two = new_session(budget=budget, conn=1), new_session(budget=budget, conn=2)
-    for session in (one, two):
-        session.frame_received(frame("CONNECT", accept_version="1.2"), NOW)
-        session.frame_received(frame("BEGIN", transaction="tx"), NOW)
-        frames(session)
+def test_with_reduce_strategy_none_the_send_that_does_not_fit_is_refused() -> None:
+    budget = TransactionBudget(100, strategy=ReduceStrategy.NONE)
+    one, two = begun(budget, 1), begun(budget, 2)
     one.frame_received(frame("SEND", b"x" * 60, destination="/queue/a", transaction="tx"), NOW)
     two.frame_received(
         frame("SEND", b"x" * 41, destination="/queue/a", transaction="tx", receipt="r"), 0
     )
 
     error = error_of(two)
-    assert "max_uncommitted_bytes 100" in error.headers["message"]
-    assert b"'tx' would hold 101 bytes" in error.body
+    assert error.headers["message"] == (
+        "ResourceAllocation: transactions max_uncommitted_bytes 100 reached"
+    )
+    assert b"'tx' would take this gateway's open transactions to 101 bytes" in error.body
+    assert b"reduce_strategy none" in error.body
     assert error.headers["receipt-id"] == "r"
     assert budget.used == 60
+    assert one.check_transactions(NOW) == "" and frames(one) == []  # untouched
     two.closed()
     assert budget.used == 60
     one.closed()
     assert budget.used == 0
+
+
+def begun(budget: TransactionBudget, conn: int, *names: str) -> GatewaySession:
+    """A connected session of `budget`'s gateway with open transactions `names` ("tx")."""
+    session = new_session(budget=budget, conn=conn)
+    session.frame_received(frame("CONNECT", accept_version="1.2"), NOW)
+    for name in names or ("tx",):
+        session.frame_received(frame("BEGIN", transaction=name), NOW)
+    frames(session)
+    return session
+
+
+def test_another_connections_send_discards_the_largest_transaction_by_default() -> None:
+    # The issue's measurement: A holds a big transaction, B's small one used to be refused.
+    budget = TransactionBudget(100)
+    a, b = begun(budget, 1, "big"), begun(budget, 2, "small")
+    a.frame_received(frame("SEND", b"x" * 90, destination="/queue/q", transaction="big"), NOW)
+    b.frame_received(
+        frame("SEND", b"y" * 20, destination="/queue/q", transaction="small", receipt="s"), NOW
+    )
+
+    assert [f.headers["receipt-id"] for f in frames(b)] == ["s"]  # B's SEND went in
+    assert budget.used == 20 and budget.held_by(1) == 0
+    assert budget.take_to_tell() == [1]
+    # A hears of it the shell's next turn (its idle connection included).
+    reason = a.check_transactions(NOW)
+    error = error_of(a)
+    assert (
+        error.headers["message"]
+        == reason
+        == (
+            "ResourceAllocation: transactions max_uncommitted_bytes 100 reached: "
+            "transaction 'big' discarded by reduce_strategy max_bytes"
+        )
+    )
+    assert b"held 90 bytes in 1 messages" in error.body
+    assert "receipt-id" not in error.headers
+    assert a.check_transactions(NOW) == ""  # reported once
+    a.closed()
+    # Nothing of A's transaction ever reaches a pipeline.
+    assert not any(isinstance(r, Send) for _, r in routes(a))
+    b.frame_received(frame("COMMIT", transaction="small"), NOW)
+    assert [r.message.body for _, r in routes(b) if isinstance(r, Send)] == [b"y" * 20]
+    assert budget.used == 0
+
+
+def test_a_discarded_transaction_is_never_committed_even_before_the_shell_says_so() -> None:
+    budget = TransactionBudget(100)
+    a, b = begun(budget, 1, "big", "other"), begun(budget, 2)
+    a.frame_received(frame("SEND", b"x" * 60, destination="/queue/q", transaction="big"), NOW)
+    a.frame_received(frame("SEND", b"x" * 30, destination="/topic/t", transaction="other"), NOW)
+    b.frame_received(frame("SEND", b"y" * 20, destination="/queue/q", transaction="tx"), NOW)
+    # A's COMMIT comes before the shell had A check: the discard is said instead.
+    a.frame_received(frame("COMMIT", transaction="big", receipt="c"), NOW)
+
+    error = error_of(a)
+    assert "transaction 'big' discarded by reduce_strategy max_bytes" in error.headers["message"]
+    assert error.headers["receipt-id"] == "c"
+    # Its connection closes, so its other transaction went with it (and is said to).
+    assert b"other open transactions ('other') were rolled back" in error.body
+    assert a.check_transactions(NOW) == error.headers["message"]  # for the shell's log
+    a.closed()
+    assert not any(isinstance(r, Send) for _, r in routes(a))
+    assert budget.used == 20
+
+
+def test_the_per_connection_limit_refuses_the_sender_and_discards_nothing() -> None:
+    budget = TransactionBudget(100, per_connection=50)
+    a, b = begun(budget, 1), begun(budget, 2)
+    a.frame_received(frame("SEND", b"x" * 50, destination="/queue/q", transaction="tx"), NOW)
+    b.frame_received(frame("SEND", b"y" * 30, destination="/queue/q", transaction="tx"), NOW)
+    b.frame_received(frame("SEND", b"y" * 21, destination="/queue/q", transaction="tx"), NOW)
+
+    error = error_of(b)
+    assert error.headers["message"] == (
+        "ResourceAllocation: transactions max_uncommitted_bytes_per_connection 50 reached"
+    )
+    assert b"to 51 bytes" in error.body
+    assert a.check_transactions(NOW) == "" and frames(a) == []
+    assert budget.take_to_tell() == []
+
+
+def test_a_transaction_open_longer_than_the_timeout_is_rolled_back() -> None:
+    budget = TransactionBudget(1000, timeout_ms=5000)
+    session = new_session(budget=budget)
+    session.frame_received(frame("CONNECT", accept_version="1.2"), NOW)
+    session.frame_received(frame("BEGIN", transaction="slow"), NOW)
+    session.frame_received(frame("SEND", b"x", destination="/queue/q", transaction="slow"), NOW)
+    frames(session)
+
+    assert session.check_transactions(NOW + 5000) == ""  # not longer yet
+    assert frames(session) == []
+    reason = session.check_transactions(NOW + 5001)  # the shell's loop, the client idle
+    assert reason == (
+        "ResourceAllocation: transactions timeout_ms 5000 reached: "
+        "transaction 'slow' rolled back after 5001 ms open"
+    )
+    assert error_of(session).headers["message"] == reason
+    session.closed()
+    assert not any(isinstance(r, Send) for _, r in routes(session))
+    assert budget.used == 0
+
+
+def test_a_frame_after_the_timeout_gets_the_timeout_error_not_a_commit() -> None:
+    budget = TransactionBudget(1000, timeout_ms=5000)
+    session = new_session(budget=budget)
+    session.frame_received(frame("CONNECT", accept_version="1.2"), NOW)
+    session.frame_received(frame("BEGIN", transaction="slow"), NOW)
+    session.frame_received(frame("SEND", b"x", destination="/queue/q", transaction="slow"), NOW)
+    frames(session)
+    session.frame_received(frame("COMMIT", transaction="slow", receipt="c"), NOW + 6000)
+    error = error_of(session)
+    assert "timeout_ms 5000 reached: transaction 'slow'" in error.headers["message"]
+    assert routes(session) == []
 
 
 def test_max_open_transactions_per_connection_is_enforced() -> None:

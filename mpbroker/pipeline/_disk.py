@@ -1,0 +1,80 @@
+"""A pipeline's store filesystem against `store.disk_free_limit_bytes` (RabbitMQ's
+disk_free_limit): the reading (statvfs, once a second) and its log lines; the decision is
+`flow.DiskFree`."""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Final
+
+from mpbroker.config import Config, format_bytes, parse_disk_free_limit
+from mpbroker.flow import DiskFree
+
+__all__ = ["DiskWatch"]
+
+log = logging.getLogger("mpbroker.pipeline")
+
+# How often the free space is read: statvfs is a cheap system call, and a second of
+# writes at full speed (tens of MB) stays well inside the default 64 MiB.
+CHECK_INTERVAL_S: Final = 1.0
+
+
+def _free_and_total(directory: Path) -> tuple[int, int]:
+    stat = os.statvfs(directory)
+    return stat.f_bavail * stat.f_frsize, stat.f_blocks * stat.f_frsize
+
+
+class DiskWatch:
+    """Whether persistent producers to one store must wait for disk space. `check` says
+    when that changes: the stop's reason (`disk_free_limit N`), "" for a release, None
+    for no change."""
+
+    def __init__(
+        self,
+        directory: Path,
+        config: Config,
+        read: Callable[[Path], tuple[int, int]] = _free_and_total,
+    ) -> None:
+        self.directory = directory
+        self.free = DiskFree(parse_disk_free_limit(config.store.disk_free_limit_bytes))
+        self.read = read
+        self.reason = ""
+        self._next_check = 0.0
+
+    @property
+    def stopped(self) -> bool:
+        return self.free.stopped
+
+    def check(self, now_s: float) -> str | None:
+        if now_s < self._next_check:
+            return None
+        self._next_check = now_s + CHECK_INTERVAL_S
+        try:
+            free, total = self.read(self.directory)
+        except OSError as exc:
+            log.error("cannot read the free space of %s: %s", self.directory, exc)
+            return None
+        change = self.free.update(free, total)
+        if change is None:
+            return None
+        limit = self.free.limit.of(total)
+        if change:
+            self.reason = f"disk_free_limit {limit}"
+            log.warning(
+                "data dir %s has %s free, below store.disk_free_limit_bytes (%s): persistent "
+                "producers wait until there is room",
+                self.directory,
+                format_bytes(free),
+                format_bytes(limit),
+            )
+            return self.reason
+        self.reason = ""
+        log.info(
+            "data dir %s has %s free again: persistent producers may go on",
+            self.directory,
+            format_bytes(free),
+        )
+        return ""
