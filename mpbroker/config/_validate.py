@@ -56,6 +56,15 @@ def _check_quotas(config: Config) -> None:
                 table.quota,
                 f"no [quotas.{table.quota}] table (known: {', '.join(sorted(names)) or 'none'})",
             )
+        # Quotas bound queues (the p2p workers keep them). A table that can only match
+        # topics would be accepted and do nothing: refused instead.
+        if table.quota is not None and table.pattern.startswith("/topic/"):
+            raise ConfigError(
+                f'destinations."{table.pattern}".quota',
+                table.quota,
+                "quotas apply to queues only; a topic's messages are bounded by the live "
+                "buffer (topics.live_msg_high) and the topic_store watermarks",
+            )
     largest = config.stomp.max_frame_bytes
     for quota in config.quotas:
         if 0 <= quota.max_bytes < largest:

@@ -563,3 +563,22 @@ def test_a_temp_store_limit_below_one_allocation_unit_is_refused() -> None:
 def test_a_throttle_level_above_the_memwatch_levels_is_refused() -> None:
     with pytest.raises(ConfigError, match=r"memory\.throttle_level = 3: there are only 2 levels"):
         config_from_mapping({"memory": {"throttle_level": 3}})
+
+
+def test_a_quota_named_for_topics_only_is_refused_naming_the_table() -> None:
+    quotas = {"quotas": {"q": {"max_messages": 10}}}
+    error = refused({**quotas, "destinations": {"/topic/prices.*": {"quota": "q"}}})
+    assert error.key == 'destinations."/topic/prices.*".quota'
+    assert "quotas apply to queues only" in str(error)
+    config_from_mapping({**quotas, "destinations": {"/queue/orders.*": {"quota": "q"}}})
+
+
+@pytest.mark.parametrize("value", ["64MiB", 67108864, "5%", "0"])
+def test_the_disk_free_limit_is_a_size_or_a_share(value: object) -> None:
+    config = config_from_mapping({"store": {"disk_free_limit_bytes": value}})
+    assert config.store.disk_free_limit_bytes == str(value)
+
+
+@pytest.mark.parametrize("value", ["lots", "100%", True])
+def test_a_bad_disk_free_limit_is_refused_naming_it(value: object) -> None:
+    assert refused({"store": {"disk_free_limit_bytes": value}}).key == "store.disk_free_limit_bytes"
