@@ -242,6 +242,12 @@ class GatewayStats(_Snapshot, frozen=True, tag_field="role", tag="gateway"):
         stops_known: stops its pipelines announced that are in force.
         publish_ms: how long its previous snapshot took to build and publish.
         error: set when the snapshot could not be published whole (its lists are empty).
+        transactions_open, transactions_bytes: open transactions over its connections,
+            and the message bytes they hold.
+        transactions_discarded: rolled back by `transactions.reduce_strategy` to make room
+            for another connection's SEND, since it started.
+        transactions_timed_out: rolled back by `transactions.timeout_ms`, since it started.
+            (These four are left out of the JSON while they are 0.)
     """
 
     title: str
@@ -252,6 +258,10 @@ class GatewayStats(_Snapshot, frozen=True, tag_field="role", tag="gateway"):
     stops_known: int
     publish_ms: float | None = None
     error: str | None = None
+    transactions_open: int = 0
+    transactions_bytes: int = 0
+    transactions_discarded: int = 0
+    transactions_timed_out: int = 0
 
 
 class _PipelineStats(_Snapshot, frozen=True):

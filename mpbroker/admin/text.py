@@ -36,7 +36,14 @@ def _figures(stats: WorkerStats | None) -> str:
     if isinstance(stats, QueueWorkerStats | TopicWorkerStats):
         return f"received {stats.received}, delivered {stats.delivered}"
     if isinstance(stats, GatewayStats):
-        return f"connections {stats.connections}"
+        figures = f"connections {stats.connections}"
+        if stats.transactions_open or stats.transactions_discarded or stats.transactions_timed_out:
+            figures += (
+                f", transactions open {stats.transactions_open}"
+                f" ({stats.transactions_bytes} B), discarded {stats.transactions_discarded},"
+                f" timed out {stats.transactions_timed_out}"
+            )
+        return figures
     if isinstance(stats, ReplayStats):
         return f"replaying {len(stats.replaying)}, messages {stats.messages}"
     return ""

@@ -212,6 +212,10 @@ class TransactionBudget:
         self._seq = itertools.count()
         self._discarded: dict[int, Discarded] = {}
         self._to_tell: list[int] = []
+        # Since the gateway started: transactions rolled back for room (a reduction) and
+        # for their age (`timeout_ms`), each with its connection's others (the admin API).
+        self.discarded_for_room = 0
+        self.discarded_for_age = 0
 
     @classmethod
     def from_settings(cls, settings: TransactionSettings) -> TransactionBudget:
@@ -267,7 +271,7 @@ class TransactionBudget:
                     "message was not accepted.",
                 )
             for victim in victims:
-                self._discard_connection(victim, self._reduced(victim))
+                self.discarded_for_room += self._discard_connection(victim, self._reduced(victim))
         self.used += size
         self._conn_bytes[conn] = held + size
         tx.held_bytes += size
@@ -300,7 +304,7 @@ class TransactionBudget:
             due.append(tx)
         for tx in due:
             if (tx.conn, tx.name) in self._open:  # not gone with an older one of its conn
-                self._discard_connection(tx, self._timed_out(tx, now_ms))
+                self.discarded_for_age += self._discard_connection(tx, self._timed_out(tx, now_ms))
 
     # -- what the sessions and the shell take --------------------------------------------
 
@@ -334,13 +338,15 @@ class TransactionBudget:
         else:
             self._conn_bytes.pop(tx.conn, None)
 
-    def _discard_connection(self, picked: OpenTransaction, error: TransactionDiscarded) -> None:
+    def _discard_connection(self, picked: OpenTransaction, error: TransactionDiscarded) -> int:
+        """Roll back every open transaction of `picked`'s connection; returns how many."""
         others = tuple(
             t.name for t in self._open.values() if t.conn == picked.conn and t is not picked
         )
         self.end_connection(picked.conn)
         self._discarded[picked.conn] = Discarded(picked.name, others, error)
         self._to_tell.append(picked.conn)
+        return 1 + len(others)
 
     def _reduced(self, tx: OpenTransaction) -> TransactionDiscarded:
         strategy = self.strategy.value

@@ -394,6 +394,10 @@ class Gateway:
                     connections=len(self.connections),
                     stopped_producers=held,
                     stops_known=len(self.flow.stops),
+                    transactions_open=len(self.tx_budget.open_transactions()),
+                    transactions_bytes=self.tx_budget.used,
+                    transactions_discarded=self.tx_budget.discarded_for_room,
+                    transactions_timed_out=self.tx_budget.discarded_for_age,
                 )
             )
             await trio.sleep(interval)

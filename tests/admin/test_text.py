@@ -188,3 +188,29 @@ def test_flow_says_how_many_rows_a_page_leaves_out() -> None:
     text = render_flow(view)
     assert "(9000 more destinations not shown)" in text
     assert "(12 more consumers not shown)" in text
+
+
+def test_a_gateway_shows_its_transactions_once_it_has_any() -> None:
+    busy = GatewayStats(
+        title="gateway 1",
+        pid=12,
+        at_ms=0,
+        connections=3,
+        stopped_producers=[],
+        stops_known=0,
+        transactions_open=2,
+        transactions_bytes=4096,
+        transactions_discarded=1,
+    )
+    view = StatusView(
+        at_ms=0,
+        workers=[
+            worker("gateway 0", "gateway", gateway(3)),
+            worker("gateway 1", "gateway", busy),
+        ],
+    )
+    quiet_line, busy_line = render_status(view).splitlines()[1:3]
+    assert quiet_line.endswith("connections 3")
+    assert busy_line.endswith(
+        "connections 3, transactions open 2 (4096 B), discarded 1, timed out 0"
+    )

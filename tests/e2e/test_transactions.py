@@ -7,6 +7,7 @@ import contextlib
 from collections.abc import Callable
 
 from mpbroker.harness import BrokerProcess, RawClient
+from tests.e2e._admin import eventually, worker_stats
 
 RawFactory = Callable[[BrokerProcess], RawClient]
 
@@ -54,6 +55,12 @@ def test_a_big_transaction_is_discarded_for_another_connections_small_one(
     assert message.body == b"b" * 400_000
     # Nothing of A's transaction is ever delivered.
     consumer.assert_no_frame(1.0)
+    # The admin API counts it.
+    stats = eventually(
+        lambda: (s := worker_stats(broker, "gateway 0")).get("transactions_discarded") and s
+    )
+    # (Figures that are 0 are left out of the JSON, as every unset figure.)
+    assert (stats["transactions_discarded"], stats.get("transactions_timed_out", 0)) == (1, 0)
 
 
 def test_an_idle_connections_transaction_is_rolled_back_after_the_timeout(
@@ -78,3 +85,7 @@ def test_an_idle_connections_transaction_is_rolled_back_after_the_timeout(
         "back after "
     ), message
     consumer.assert_no_frame(0.5)
+    stats = eventually(
+        lambda: (s := worker_stats(broker, "gateway 0")).get("transactions_timed_out") and s
+    )
+    assert "transactions_open" not in stats and "transactions_bytes" not in stats  # (0)

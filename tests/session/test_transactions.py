@@ -161,6 +161,7 @@ def test_a_send_past_the_total_discards_what_the_strategy_picks_then_goes_in(
         assert "nothing of it is delivered" in found.error.detail
     freed = {2: 50, 3: 20, 4: 15}
     assert b.used == 115 - sum(freed[conn] for conn in discarded)
+    assert (b.discarded_for_room, b.discarded_for_age) == (len(discarded), 0)
     assert b.used == sum(t.held_bytes for t in b.open_transactions())
     assert b.used <= b.limit
 
