@@ -32,7 +32,9 @@ __all__ = ["StopOnSignal", "WorkerBase", "publish"]
 
 class StopOnSignal:
     """SIGTERM or SIGINT asks a synchronous worker's loop to stop at the top of its next turn
-    (``while not stop.requested``), then it closes what it holds.
+    (``while not stop.requested``), then it closes what it holds. (The trio gateway waits on
+    trio's signal receiver instead; these are the handlers it finds and puts back, so a late
+    signal while it closes is only noted.)
 
     Raising from the handler instead stopped the loop wherever it was (in a store commit, in
     a ring write) and, when a second signal came while the worker was closing (Ctrl-C reaches

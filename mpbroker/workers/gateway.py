@@ -54,7 +54,7 @@ from mpbroker.stomp import (
     encode_frame,
 )
 
-from ._base import WorkerBase
+from ._base import StopOnSignal, WorkerBase
 from ._layout import WorkerSpec
 
 __all__ = ["run_gateway"]
@@ -654,7 +654,7 @@ def _listen_socket(host: str, port: int) -> trio.socket.SocketType:
     return sock
 
 
-async def _main(spec: WorkerSpec) -> None:
+async def _main(spec: WorkerSpec, stop: StopOnSignal) -> None:
     gateway = Gateway(spec)
     try:
         sock = _listen_socket(spec.config.broker.host, spec.port)
@@ -689,8 +689,9 @@ async def _main(spec: WorkerSpec) -> None:
                         )
 
                 nursery.start_soon(accept)
-                async for _ in signals:
-                    break
+                if not stop.requested:  # (a signal before the receiver was there)
+                    async for _ in signals:
+                        break
                 gateway.slot.state = STATE_STOPPING
                 accepting.cancel()
                 await listener.aclose()
@@ -706,4 +707,9 @@ async def _main(spec: WorkerSpec) -> None:
 
 
 def run_gateway(spec: WorkerSpec) -> None:
-    trio.run(_main, spec)
+    # Handlers that only take note, under trio's signal receiver: what it puts back when it
+    # is done. A second signal while the gateway closes (Ctrl-C reaches every process of
+    # the group, then the supervisor's SIGTERM follows) was a KeyboardInterrupt or a kill
+    # by the default handler, breaking off the close with a traceback.
+    stop = StopOnSignal()
+    trio.run(_main, spec, stop)

@@ -228,7 +228,9 @@ def test_ctrl_c_stops_every_process_cleanly(start_broker: type[BrokerProcess]) -
             with contextlib.suppress(psutil.NoSuchProcess):
                 process.send_signal(signal.SIGINT)
         assert broker.stop() == 0
-        assert not [line for line in broker.lines if "crashed" in line or "Traceback" in line]
+        bad = [n for n, line in enumerate(broker.lines) if "crashed" in line or "Traceback" in line]
+        # On failure, the log around the first bad line says which process and why.
+        assert not bad, "\n".join(broker.lines[max(0, bad[0] - 10) : bad[0] + 40])
         assert broker.shm_entries() == []
 
 
