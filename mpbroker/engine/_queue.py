@@ -688,8 +688,7 @@ class QueueEngine(Engine):
         start = queue.turn % len(groups)
         queue.turn += 1
         for lane in groups[start:] + groups[:start]:
-            if lane.selector is None or queue.lanes.get(lane.selector.text) is lane:
-                self._drain(queue, lane)
+            self._drain(queue, lane)
 
     def _drain(self, queue: _Queue, lane: _Lane) -> None:
         """Hand a lane's waiting messages to its ready consumers, round robin."""
@@ -730,6 +729,16 @@ class QueueEngine(Engine):
             del self.queues[queue.name]
 
     # -- introspection -------------------------------------------------------------------
+
+    def stored_in_windows(self) -> list[StoredRef]:
+        """Stored messages delivered and not yet settled (in some consumer's window), as
+        (queue, seq): what a clean stop counts as delivered."""
+        return [
+            (c.destination, m.seq)
+            for c in self.consumers.values()
+            for m in c.unacked.values()
+            if m.seq
+        ]
 
     def depth(self, destination: str) -> int:
         """Messages waiting in a queue for a consumer (not counting unacknowledged ones)."""

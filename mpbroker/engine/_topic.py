@@ -158,7 +158,7 @@ class TopicEngine(Engine):
         if self.expiry_on_read and 0 < message.expires_ms <= self.now_ms:
             # Its time was up before it reached anyone (a ttl shorter than the way here).
             self.received += 1
-            self._expired(topic, message)
+            self._expired(message, self.expiry_for(topic))
             self._receipt(gateway, record.conn, record.receipt)
             return
         index = self.indexes.get(topic)
@@ -288,15 +288,14 @@ class TopicEngine(Engine):
     def _expire_entry(self, topic: str, entry: Message) -> None:
         """A backlog entry's time is up: out of the live buffer, under the topic's policy
         (a paged one is read back only when the policy logs it)."""
-        logs = self.expiry_for(topic).policy != "discard"
-        message = self._unstub(entry, read=logs)  # (changes live_bytes first)
+        policy = self.expiry_for(topic)
+        message = self._unstub(entry, read=policy.policy != "discard")  # (live_bytes first)
         self.live_total -= 1
         self.live_bytes -= message.size
-        self._expired(topic, message)
+        self._expired(message, policy)
 
-    def _expired(self, topic: str, message: Message) -> None:
+    def _expired(self, message: Message, policy: ExpiryPolicy) -> None:
         self.expired += 1
-        policy = self.expiry_for(topic)
         if policy.policy != "discard":
             self._effects.expiry_log.append(expired_log_line(message, policy.log_fields))
 

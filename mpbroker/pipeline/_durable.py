@@ -312,12 +312,7 @@ class Durables:
         reached them, so it counts as delivered; then the store is marked, and the next start
         flags `redelivered` only on what was delivered (after a crash, on everything stored
         before it)."""
-        in_windows = [
-            (_subscription(c.destination), m.seq)
-            for c in self.queues.consumers.values()
-            for m in c.unacked.values()
-            if m.seq
-        ]
+        in_windows = _by_subscription(self.queues.stored_in_windows())
         try:
             if in_windows:
                 self.store.returned(in_windows)

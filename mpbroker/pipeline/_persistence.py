@@ -93,9 +93,7 @@ class QueuePersistence:
         """The worker stops in order: what is in consumers' windows may have reached a
         client, so it counts as delivered; then the store is marked (see `recover`). If the
         store cannot record it, it is not marked: the next start flags every message."""
-        in_windows = [
-            m.seq for c in self.engine.consumers.values() for m in c.unacked.values() if m.seq
-        ]
+        in_windows = [seq for _, seq in self.engine.stored_in_windows()]
         try:
             if in_windows:
                 self.store.record_delivery(in_windows)
