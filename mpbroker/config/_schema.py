@@ -329,6 +329,16 @@ class StoreSettings:
         "stopped (flow control); a size, or a share of the filesystem such as '5%'; 0 = off",
         share=True,
     )
+    # What a full filesystem leaves an acknowledgement: RabbitMQ and ActiveMQ only stop
+    # producers early; a file given back when the filesystem is full also lets draining
+    # and the next start write what they need (docs/persistence.md, "A full disk").
+    disk_reserve_bytes: int = _setting(
+        4 * MiB,
+        "space each store holds back (a file in its directory) and gives up when the "
+        "filesystem is full, so acknowledgements are stored and draining frees space; 0 = none",
+        min=0,
+        size=True,
+    )
     # SQLite's own default is 2000 KiB per connection, and a store keeps one connection
     # per segment file it reads: that is memory the budget must see.
     sqlite_cache_bytes: int = _setting(

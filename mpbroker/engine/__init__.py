@@ -7,7 +7,7 @@ worker in one effects object per step (`take_effects()`).
 """
 
 from ._common import Consumer, ConsumerKey, Engine, Outbox, no_byte_window
-from ._queue import IndexCache, Pager, QueueEffects, QueueEngine, StoredRef
+from ._queue import IndexCache, Pager, QueueEffects, QueueEngine, StoredAck, StoredRef
 from ._replay import Grant, ReplayKey, ReplayScheduler
 from ._topic import SharedPager, TopicEffects, TopicEngine
 
@@ -24,6 +24,7 @@ __all__ = [
     "ReplayKey",
     "ReplayScheduler",
     "SharedPager",
+    "StoredAck",
     "StoredRef",
     "TopicEffects",
     "TopicEngine",

@@ -173,12 +173,16 @@ class Engine(ABC):
                 self._send(gateway, record)
             case Ack() | Nack():
                 consumer = self.consumers.get((gateway, record.conn, record.sub))
-                if consumer is not None:
-                    settled = consumer.settle(record.message_id)
-                    if settled:
-                        nack = isinstance(record, Nack)
-                        requeue = record.requeue if isinstance(record, Nack) else True
-                        self._settled(consumer, settled, nack=nack, requeue=requeue)
+                settled = consumer.settle(record.message_id) if consumer is not None else []
+                if consumer is not None and settled:
+                    nack = isinstance(record, Nack)
+                    requeue = record.requeue if isinstance(record, Nack) else True
+                    self._settled(consumer, settled, nack=nack, requeue=requeue)
+                    stored = [m for m in settled if m.seq]
+                    if stored:
+                        # Its RECEIPT (or ERROR) waits until the store has its effect.
+                        self._stored_ack(gateway, record, consumer.destination, stored)
+                        return
                 self._receipt(gateway, record.conn, record.receipt)
             case Credit():
                 for sub, count in record.subs:
@@ -246,6 +250,13 @@ class Engine(ABC):
     def _receipt(self, gateway: int, conn: int, receipt: str) -> None:
         if receipt:
             self.outbox.add(gateway, Receipt(conn, receipt))
+
+    def _stored_ack(
+        self, gateway: int, record: Ack | Nack, queue: str, messages: list[Message]
+    ) -> None:
+        """An ACK or NACK settled or returned stored `messages` of `queue`. An engine whose
+        worker writes that to a store answers once it is written; others at once."""
+        self._receipt(gateway, record.conn, record.receipt)
 
     @abstractmethod
     def _send(self, gateway: int, record: Send) -> None:

@@ -13,8 +13,10 @@ from mpbroker.errors import LimitReached
 from mpbroker.flow import DISCARD, ExpiryPolicy, FlowTracker, QuotaBook, expired_log_line
 from mpbroker.records import (
     ACK_AUTO,
+    Ack,
     Deliver,
     Message,
+    Nack,
     Refuse,
     Send,
     decode_page,
@@ -28,6 +30,23 @@ from ._pending import IndexedPending, Pending
 
 # (queue name, store seq) of a stored message the engine is done with.
 StoredRef = tuple[str, int]
+
+
+@dataclass(eq=False, slots=True)
+class StoredAck:
+    """An ACK or NACK that settled or returned stored messages: its RECEIPT waits until the
+    worker has written that to the store, and an ERROR goes instead when it could not be
+    (`QueueEngine.unsettle` puts acknowledged ones back)."""
+
+    gateway: int
+    conn: int
+    receipt: str
+    #: "ACK" or "NACK".
+    frame: str
+    #: The queue the messages came from (a durable subscription's own queue for topics).
+    queue: str
+    #: The stored messages it settled (ACK) or gave back (NACK).
+    messages: list[Message]
 
 
 class Pager(Protocol):
@@ -74,6 +93,8 @@ class QueueEffects:
     expiry_log: list[str] = field(default_factory=list)
     #: Quota tickets whose waiting SENDs may go now: room was given back.
     quota_granted: list[int] = field(default_factory=list)
+    #: ACKs and NACKs of stored messages, in order: answer them once the above is written.
+    acks: list[StoredAck] = field(default_factory=list)
 
 
 @dataclass(eq=False)
@@ -290,6 +311,31 @@ class QueueEngine(Engine):
         self.outbox.add(gateway, Refuse.of(record.conn, refusal, record.receipt))
         return False
 
+    def _stored_ack(
+        self, gateway: int, record: Ack | Nack, queue: str, messages: list[Message]
+    ) -> None:
+        frame = "NACK" if isinstance(record, Nack) else "ACK"
+        self._effects.acks.append(
+            StoredAck(gateway, record.conn, record.receipt, frame, queue, messages)
+        )
+
+    def unsettle(self, queue_name: str, messages: list[Message]) -> None:
+        """Acknowledged stored messages whose settlement the store could not record: they
+        were not acknowledged after all. Back at the head of their queue, redelivered, as
+        a NACK would put them, and counted as held again."""
+        queue = self.queues.get(queue_name)
+        if queue is None:
+            queue = self.queues[queue_name] = _Queue(queue_name)
+        queue.held_messages += len(messages)
+        self.held_bytes += sum(m.size for m in messages if not m.persistent)
+        for message in messages:
+            if self.quotas is not None:
+                self.quotas.take(queue_name, 1, message.size)
+            flow = self.flow_persistent if message.persistent else self.flow_volatile
+            if flow is not None:
+                flow.add(queue_name, 1, message.size)
+        self._dispatch(queue, self._requeue(queue, messages))
+
     def restore(self, message: Message, queue: str = "") -> None:
         """A stored message back in memory (after a restart, or replayed), in `queue`
         (default: its destination), past the limits: it was admitted once already."""
@@ -399,6 +445,12 @@ class QueueEngine(Engine):
         elif not persistent and self.held_bytes + size > settings.max_bytes:
             limit = ("max_bytes", settings.max_bytes)
         if limit is None:
+            return None
+        flow = self.flow_persistent if persistent else self.flow_volatile
+        if flow is not None and flow.holds(destination):
+            # Its producers are stopped: the gateways hold what they send from now on, so
+            # this one was in flight when the stop began (sent in good faith). Taken past
+            # the limit; what can be in flight is bounded (docs/flow-control-and-memory.md).
             return None
         return LimitReached(
             destination,

@@ -63,8 +63,10 @@ class TopicEngine(Engine):
 
     A subscriber whose window is full keeps later messages in its own backlog, in order,
     up to `max_pending_messages`; a publish that would overflow a backlog is refused with
-    an ERROR naming the limit rather than dropped (flow control replaces the refusal with
-    blocking later). One producer's messages reach every subscriber in the order sent.
+    an ERROR naming the limit rather than dropped, unless the topic's publishers are
+    stopped (its live buffer's watermark, or the global ones): then it was in flight when
+    the stop began, and is taken. One producer's messages reach every subscriber in the
+    order sent.
     """
 
     role = "pubsub"
@@ -172,6 +174,11 @@ class TopicEngine(Engine):
         limit = self.settings.max_pending_messages
         for consumer in subscribers:
             if len(consumer.pending) >= limit:
+                if self._holding(topic):
+                    # The gateways hold what its publishers send from now on: this one was
+                    # in flight when the stop began. Taken past the limit (the overshoot is
+                    # bounded by what can be in flight: docs/flow-control-and-memory.md).
+                    break
                 refusal = LimitReached(
                     message.destination,
                     "max_pending_messages",
@@ -457,6 +464,15 @@ class TopicEngine(Engine):
         else:
             backlog.extendleft(reversed(taken))
         return freed, full
+
+    def _holding(self, topic: str) -> bool:
+        """Whether the topic's publishers are stopped now (its live buffer, or all)."""
+        level = self.live_levels.get(topic)
+        return (
+            (level is not None and level.armed)
+            or self.global_live.armed
+            or self.global_live_bytes.armed
+        )
 
     def _global_reason(self) -> str:
         for level in (self.global_live, self.global_live_bytes):

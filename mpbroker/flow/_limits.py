@@ -170,6 +170,12 @@ class FlowTracker:
         """Every destination stopped now (`GLOBAL` for the global limits) -> its reason."""
         return dict(self._stopped)
 
+    def holds(self, destination: str) -> bool:
+        """Whether producers to `destination` are stopped now (by its own limits or the
+        global ones)."""
+        stopped = self._stopped
+        return bool(stopped) and (destination in stopped or GLOBAL in stopped)
+
     def counts(self, destination: str) -> tuple[int, int]:
         """(messages, bytes) the store holds for `destination`."""
         entry = self._entries.get(destination)

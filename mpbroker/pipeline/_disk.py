@@ -1,6 +1,7 @@
 """A pipeline's store filesystem against `store.disk_free_limit_bytes` (RabbitMQ's
 disk_free_limit): the reading (statvfs, once a second) and its log lines; the decision is
-`flow.DiskFree`."""
+`flow.DiskFree`. The store hears it too: while space is short it rolls a drained segment at
+once (so draining frees its file), and once there is room it makes its disk reserve again."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from typing import Final
 
 from mpbroker.config import Config, format_bytes, parse_disk_free_limit
 from mpbroker.flow import DiskFree
+from mpbroker.stores import MessageStore
 
 __all__ = ["DiskWatch"]
 
@@ -34,11 +36,12 @@ class DiskWatch:
 
     def __init__(
         self,
-        directory: Path,
+        store: MessageStore,
         config: Config,
         read: Callable[[Path], tuple[int, int]] = _free_and_total,
     ) -> None:
-        self.directory = directory
+        self.store = store
+        self.directory = store.directory
         self.free = DiskFree(parse_disk_free_limit(config.store.disk_free_limit_bytes))
         self.read = read
         self.reason = ""
@@ -58,6 +61,10 @@ class DiskWatch:
             log.error("cannot read the free space of %s: %s", self.directory, exc)
             return None
         change = self.free.update(free, total)
+        reserve = self.store.reserve
+        if not self.free.stopped:
+            reserve.ensure()
+        self.store.low_on_disk = self.free.stopped or (reserve.size > 0 and not reserve.held)
         if change is None:
             return None
         limit = self.free.limit.of(total)

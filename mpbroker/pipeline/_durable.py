@@ -63,6 +63,7 @@ from mpbroker.records import (
 from mpbroker.selector import Selector, SelectorError, SelectorIndex, compile_selector
 from mpbroker.stores import CommitBuffer, StoreError, TopicStore
 
+from ._acks import answer_stored_acks, log_store_error
 from ._persistence import refuse_unstored
 
 __all__ = ["Durables", "TopicPersistence", "durable_queue"]
@@ -194,28 +195,41 @@ class TopicPersistence:
                     expiry_log.info("%s", expired_log_line(message, policy.log_fields))
         self.store.expire(seqs, now)
 
-    def write_back(self, effects: QueueEffects) -> None:
+    def write_back(self, effects: QueueEffects, engine: QueueEngine) -> None:
         """Record what the subscriptions acknowledged, returned and let expire in a step
-        (their queue engine's effects); run the store's expiry scan when it is due (a batch
-        at a time, `cleanup_gap_ms` apart)."""
+        (their queue `engine`'s effects), then answer the ACKs and NACKs (a RECEIPT once
+        written, else an ERROR: see `answer_stored_acks`); run the store's expiry scan when
+        it is due (a batch at a time, `cleanup_gap_ms` apart). What is not written stays
+        pending in the store: it comes back after a restart, redelivered."""
         now = epoch_ms()
+        store = self.store
+        failed: dict[str, StoreError] = {}
+        if effects.settled:
+            try:
+                store.ack(_by_subscription(effects.settled), "acked", now)
+            except StoreError as exc:
+                log_store_error("recording acknowledgements", exc)
+                failed["ACK"] = exc
+        if effects.returned:
+            try:
+                store.returned(_by_subscription(effects.returned))
+            except StoreError as exc:
+                log_store_error("counting deliveries", exc)
+                failed["NACK"] = exc
         try:
-            if effects.settled:
-                self.store.ack(_by_subscription(effects.settled), "acked", now)
-            if effects.returned:
-                self.store.returned(_by_subscription(effects.returned))
             if effects.expired:
-                self.store.ack(_by_subscription(effects.expired), "expired", now)
+                store.ack(_by_subscription(effects.expired), "expired", now)
             if self.scan_interval_ms and now >= self.next_scan_ms:
-                seqs = self.store.expired(now, self.cleanup_batch)
+                seqs = store.expired(now, self.cleanup_batch)
                 if seqs:
                     self.expire(seqs, now)
                     log.info("expired %d stored topic messages", len(seqs))
                 full = len(seqs) == self.cleanup_batch
                 self.next_scan_ms = now + (self.cleanup_gap_ms if full else self.scan_interval_ms)
         except StoreError as exc:
-            # Still pending in the store: they come back after a restart, redelivered.
-            log.error("store error while recording acknowledgements: %s", exc)
+            # Still pending in the store: the next scan finds them again.
+            log_store_error("settling expired messages", exc)
+        answer_stored_acks(engine, self.outbox, effects.acks, failed)
 
 
 @dataclass(eq=False)
@@ -521,7 +535,7 @@ class Durables:
                     gateway,
                     Refuse(
                         record.conn,
-                        f"store error: {exc}",
+                        exc.client_text,
                         "The durable subscription was not created.",
                         record.receipt,
                     ),

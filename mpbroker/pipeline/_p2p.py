@@ -87,7 +87,7 @@ class P2PPipeline(Pipeline):
         paging = None
         if temp_store is not None:
             paging = VolatilePaging(engine, temp_store, config, queue_paging_mark)
-        disk = DiskWatch(store.directory, config)
+        disk = DiskWatch(store, config)
         super().__init__(index, incarnation, gateways, config, outbox, engine, paging, disk)
         self.persistence = QueuePersistence(store, engine, outbox, config)
         self.quota_room = (

@@ -19,6 +19,8 @@ from mpbroker.engine import IndexCache, Outbox, QueueEffects, QueueEngine
 from mpbroker.records import Message, Refuse, Send
 from mpbroker.stores import CommitBuffer, MessageStore, StoreError
 
+from ._acks import answer_stored_acks, log_store_error
+
 __all__ = ["QueuePersistence", "index_cache", "refuse_unstored"]
 
 log = logging.getLogger("mpbroker.pipeline")
@@ -31,9 +33,7 @@ def refuse_unstored(outbox: Outbox, batch: Sequence[tuple[int, Send]], exc: Stor
     for gateway, record in batch:
         outbox.add(
             gateway,
-            Refuse(
-                record.conn, f"store error: {exc}", "The message was not stored.", record.receipt
-            ),
+            Refuse(record.conn, exc.client_text, "The message was not stored.", record.receipt),
         )
 
 
@@ -142,16 +142,16 @@ class QueuePersistence:
 
         In that order: a crash in between leaves a duplicate (at least once), never a loss.
         If the copies cannot be stored, the originals stay in the store (they come back
-        in their queue after a restart) and the copies are kept in memory meanwhile.
+        in their queue after a restart) and the copies are kept in memory meanwhile (the
+        StoreError is raised after that).
         """
         engine = self.engine
         copies = [copy for _, copy, _ in moves]
         try:
             seqs = self.store.append(copies)
-        except StoreError as exc:
-            log.error("store error, dead letters kept in memory only: %s", exc)
+        except StoreError:
             engine.enqueue_dead_letters(copies)
-            return
+            raise
         for copy, seq in zip(copies, seqs, strict=True):
             copy.seq = seq
         engine.enqueue_dead_letters(copies)
@@ -160,26 +160,44 @@ class QueuePersistence:
             self.store.settle(seqs, outcome, now)
 
     def write_back(self, effects: QueueEffects) -> None:
-        """Record what the engine settled, returned and expired in a step.
+        """Record what the engine settled, returned and expired in a step, then answer the
+        ACKs and NACKs of stored messages: a RECEIPT once written, else an ERROR.
 
+        What is not written stays live in the store and comes back after a restart, marked
+        redelivered: at least once, as promised for persistent messages.
         Expired messages are settled in transactions of at most `cleanup_batch`, with
         `cleanup_gap_ms` between them, so a mass expiry never stalls delivery.
         """
         now = epoch_ms()
-        self.expired_backlog.extend(seq for _, seq in effects.expired)
-        try:
-            if effects.dead_letters:
+        store = self.store
+        failed: dict[str, StoreError] = {}
+        if effects.dead_letters:
+            try:
                 self._move_dead_letters(effects.dead_letters, now)
-            if effects.settled:
-                self.store.settle([seq for _, seq in effects.settled], "acked", now)
-            if effects.returned:
-                self.store.record_delivery([seq for _, seq in effects.returned])
-            if self.expired_backlog and now >= self.next_cleanup_ms:
-                chunk = self.expired_backlog[: self.cleanup_batch]
+            except StoreError as exc:
+                log_store_error("moving dead letters (kept in memory meanwhile)", exc)
+                failed["NACK"] = exc
+        if effects.settled:
+            try:
+                store.settle([seq for _, seq in effects.settled], "acked", now)
+            except StoreError as exc:
+                log_store_error("recording acknowledgements", exc)
+                failed["ACK"] = exc
+        if effects.returned:
+            try:
+                store.record_delivery([seq for _, seq in effects.returned])
+            except StoreError as exc:
+                log_store_error("counting deliveries", exc)
+                failed.setdefault("NACK", exc)
+        self.expired_backlog.extend(seq for _, seq in effects.expired)
+        if self.expired_backlog and now >= self.next_cleanup_ms:
+            chunk = self.expired_backlog[: self.cleanup_batch]
+            self.next_cleanup_ms = now + self.cleanup_gap_ms
+            try:
+                store.settle(chunk, "expired", now)
+            except StoreError as exc:
+                log_store_error("settling expired messages (retried in a second)", exc)
+                self.next_cleanup_ms = now + 1000
+            else:
                 del self.expired_backlog[: self.cleanup_batch]
-                self.store.settle(chunk, "expired", now)
-                self.next_cleanup_ms = now + self.cleanup_gap_ms
-        except StoreError as exc:
-            # The messages stay live in the store and come back after a restart, marked
-            # redelivered: at least once, as promised for persistent messages.
-            log.error("store error while recording acknowledgements: %s", exc)
+        answer_stored_acks(self.engine, self.outbox, effects.acks, failed)

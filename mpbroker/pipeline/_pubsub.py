@@ -95,7 +95,7 @@ class PubSubPipeline(Pipeline):
             paging = VolatilePaging(self.topics, temp_store, config, topic_paging_mark)
         # The durable subscriptions' own queues: windows, acks and redelivery.
         queues = QueueEngine(config.queues, index, outbox, window_bytes_for=windows)
-        disk = DiskWatch(store.messages.directory, config)
+        disk = DiskWatch(store.messages, config)
         super().__init__(index, incarnation, gateways, config, outbox, queues, paging, disk)
         self.flow_stored = FlowTracker(
             store_limits(config.topic_store), destination_limits(config, STORE_TOPICS)
@@ -174,7 +174,7 @@ class PubSubPipeline(Pipeline):
         durables.pump()
         durables.persistence.commit_if_due()
         effects = self.queue_engine.take_effects()
-        durables.persistence.write_back(effects)
+        durables.persistence.write_back(effects, self.queue_engine)
         # The durable subscriptions' queues never dead-letter (they are not /queue/ names),
         # have no quota and expire through the topic store: were that to change, say so.
         if effects.dead_letters or effects.quota_granted or effects.expiry_log:

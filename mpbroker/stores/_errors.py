@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from ._reserve import is_disk_full
+
 __all__ = ["StoreError", "sqlite_detail"]
 
 
@@ -23,6 +25,17 @@ class StoreError(Exception):
         self.detail = detail
         """Why it failed, e.g. the SQLite error text ``database or disk is full``."""
         super().__init__(f"{self.path}: {operation}: {detail}")
+
+    @property
+    def disk_full(self) -> bool:
+        """Whether the failure may come from a full filesystem (the SQLite or OS error it
+        was raised from says so)."""
+        return is_disk_full(self.__cause__)
+
+    @property
+    def client_text(self) -> str:
+        """What a client is told: the operation and the reason, never the server's paths."""
+        return f"store error: {self.operation}: {self.detail}"
 
 
 def sqlite_detail(exc: BaseException) -> str:

@@ -17,8 +17,9 @@ from typing import Final
 
 import sqlite_utils
 
-from ._errors import StoreError
+from ._errors import StoreError, sqlite_detail
 from ._live import LiveSet
+from ._reserve import is_disk_full
 
 __all__ = [
     "MIGRATIONS",
@@ -211,8 +212,10 @@ class Segment:
             if self.conn.in_transaction:
                 self.conn.execute("ROLLBACK")
 
-    def seal(self) -> None:
-        """Mark the segment sealed (committed) and checkpoint it into a self-contained file."""
+    def seal(self, *, checkpoint: bool = True) -> None:
+        """Mark the segment sealed (committed) and checkpoint it into a self-contained file
+        (`checkpoint` False: not for a segment about to be retired; on a full filesystem
+        the checkpoint would need as much room as its WAL holds)."""
         self.conn.execute("BEGIN IMMEDIATE")
         try:
             self.conn.execute("INSERT OR REPLACE INTO meta (key, value) VALUES ('sealed', 1)")
@@ -221,11 +224,21 @@ class Segment:
             self.rollback_quietly()
             raise
         self.sealed = True
-        # So the Spark export can read a sealed file without its -wal.
-        self.conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        if checkpoint:
+            # So the Spark export can read a sealed file without its -wal.
+            self.conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
 
     def close(self) -> None:
         self.conn.close()
+
+
+def unreadable(path: Path, exc: sqlite3.DatabaseError) -> StoreError:
+    """The error for a database file whose first read failed."""
+    if is_disk_full(exc):
+        # Reading a WAL database writes its shared-memory file: no room is not corruption,
+        # and must not read like it.
+        return StoreError(path, "open", f"{sqlite_detail(exc)}: is its filesystem full?")
+    return StoreError(path, "open", f"not an SQLite database ({exc})")
 
 
 def connect_database(path: Path) -> sqlite_utils.Database:
@@ -268,7 +281,7 @@ def open_segment(path: Path, synchronous: str, now_ms: int, cache_bytes: int) ->
         try:
             tables = set(db.table_names())
         except sqlite3.DatabaseError as exc:
-            raise StoreError(path, "open", f"not an SQLite database ({exc})") from exc
+            raise unreadable(path, exc) from exc
         if "_migrations" not in tables:
             raise StoreError(path, "open", "not an mpbroker store segment (no _migrations table)")
         applied = applied_migrations(db)

@@ -31,7 +31,7 @@ import os
 import shutil
 import sqlite3
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
@@ -44,6 +44,7 @@ from mpbroker.records import Message, message_size
 
 from ._errors import StoreError, sqlite_detail
 from ._live import LiveSet
+from ._reserve import DiskReserve
 from ._segment import (
     SIDE_SUFFIXES,
     Segment,
@@ -134,6 +135,7 @@ def message_from_row(row: MessageRow, deliveries: int) -> Message:
 
 IndexRow = tuple[int, str, str, bytes, int, int, int, int, str]
 _Row = TypeVar("_Row", MessageRow, IndexRow)
+_T = TypeVar("_T")
 
 
 @dataclass(frozen=True, slots=True)
@@ -223,6 +225,12 @@ class MessageStore:
         # counts are complete, and a message never counted was never delivered. After a
         # crash any live message may have reached a client.
         self.stopped_cleanly = False
+        # Given back to the filesystem when a write that frees space finds it full.
+        self.reserve = DiskReserve(directory, settings.disk_reserve_bytes)
+        # Set by the owner while its filesystem is below store.disk_free_limit_bytes: an
+        # active segment whose messages are all settled is then rolled at once, so that
+        # draining frees its file (otherwise it waits for its size or age).
+        self.low_on_disk = False
 
     # -- opening ------------------------------------------------------------------------------
 
@@ -241,7 +249,6 @@ class MessageStore:
         segment is foreign or has a newer schema.
         """
         directory = Path(directory)
-        now_ms = int(clock() * 1000)
         try:
             directory.mkdir(parents=True, exist_ok=True)
             _check_marker(directory)
@@ -249,6 +256,24 @@ class MessageStore:
             stopped_cleanly = _take_clean_stop(directory)
         except OSError as exc:
             raise StoreError(directory, "open", str(exc)) from exc
+        reserve = DiskReserve(directory, settings.disk_reserve_bytes)
+        try:
+            store = cls._open_segments(directory, settings, clock)
+        except StoreError as exc:
+            # Opening writes too (the WAL's shared-memory file, a new active segment): on a
+            # full filesystem the reserve makes room for it.
+            if not (exc.disk_full and reserve.release()):
+                raise
+            store = cls._open_segments(directory, settings, clock)
+        store.stopped_cleanly = stopped_cleanly
+        store.reserve.ensure()
+        return store
+
+    @classmethod
+    def _open_segments(
+        cls, directory: Path, settings: StoreSettings, clock: Callable[[], float]
+    ) -> MessageStore:
+        now_ms = int(clock() * 1000)
         indexes = sorted(
             i for i in (segment_index(p.name) for p in directory.iterdir()) if i is not None
         )
@@ -264,7 +289,6 @@ class MessageStore:
                     )
                 )
             store = cls(directory, settings, segments, clock)
-            store.stopped_cleanly = stopped_cleanly
             store._rebuild()
             store._ensure_active()
             store._retire_settled()
@@ -299,19 +323,23 @@ class MessageStore:
         if self._closed:
             raise StoreError(self.directory, operation, "the store is closed")
 
-    def _ensure_active(self) -> Segment:
+    def _ensure_active(self, *, reserve: bool = True) -> Segment:
         """The active segment, creating one when there is none or the last one is sealed
-        (first open, or a roll interrupted by a crash or an error after sealing)."""
+        (first open, or a roll interrupted by a crash or an error after sealing).
+        `reserve`: a full filesystem may have the disk reserve (never for appends)."""
         if self._segments and not self._segments[-1].sealed:
             return self._segments[-1]
         index = self._segments[-1].index + 1 if self._segments else 1
-        seg = create_segment(
-            self.directory,
-            index,
-            self._next_seq,
-            self.settings.synchronous,
-            int(self._clock() * 1000),
-            self.settings.sqlite_cache_bytes,
+        seg = self._spending_reserve(
+            reserve,
+            lambda: create_segment(
+                self.directory,
+                index,
+                self._next_seq,
+                self.settings.synchronous,
+                int(self._clock() * 1000),
+                self.settings.sqlite_cache_bytes,
+            ),
         )
         self._segments.append(seg)
         self._bases.append(seg.base_seq)
@@ -332,7 +360,7 @@ class MessageStore:
         if not messages:
             return []
         self._roll_if_due()
-        seg = self._ensure_active()
+        seg = self._ensure_active(reserve=False)
         first = self._next_seq
         rows: list[MessageRow] = []
         sizes: list[int] = []
@@ -405,6 +433,13 @@ class MessageStore:
             seg.live.discard(seq)
             self._deliveries.pop(seq, None)
         self._settles += len(owned)
+        if self.low_on_disk and active.messages and not active.live:
+            # Drained while space is short: seal it now so that its file goes (unchecked:
+            # it is retired at once).
+            try:
+                self._roll(reserve=True, checkpoint=False)
+            except StoreError as exc:
+                log.warning("store: cannot roll the drained segment %s yet: %s", active.path, exc)
         self._retire_settled()
 
     def _describe(self, owned: dict[int, Segment]) -> list[tuple[str, int]]:
@@ -443,44 +478,67 @@ class MessageStore:
     def roll(self) -> None:
         """Seal the active segment and start a new one (no-op if the active one is empty of
         messages and settlement rows would be all it carries). Retires what became retirable."""
+        self._roll(reserve=True)
+
+    def _roll(self, *, reserve: bool, checkpoint: bool = True) -> None:
         self._ensure_open("roll()")
-        active = self._ensure_active()
+        active = self._ensure_active(reserve=reserve)
         if active.messages == 0:
             return
-        try:
-            active.seal()
-        except sqlite3.Error as exc:
-            raise StoreError(active.path, "seal", sqlite_detail(exc)) from exc
-        self._ensure_active()
+
+        def seal() -> None:
+            try:
+                active.seal(checkpoint=checkpoint)
+            except sqlite3.Error as exc:
+                raise StoreError(active.path, "seal", sqlite_detail(exc)) from exc
+
+        self._spending_reserve(reserve, seal)
+        self._ensure_active(reserve=reserve)
         self._retire_settled()
 
     def _roll_if_due(self) -> None:
-        active = self._ensure_active()
+        active = self._ensure_active(reserve=False)
         if active.messages == 0:
             # Rolling an empty segment would only make an empty sealed one to retire.
             return
         max_age_s = self.settings.segment_max_age_s
         too_old = max_age_s > 0 and self._clock() * 1000 - active.created_ms >= max_age_s * 1000
         if too_old or self._active_bytes >= self.settings.segment_max_bytes:
-            self.roll()
+            self._roll(reserve=False)
 
     def _write(
         self,
         seg: Segment,
         operation: str,
-        statements: Iterable[tuple[str, Sequence[Sequence[object]]]],
+        statements: Sequence[tuple[str, Sequence[Sequence[object]]]],
     ) -> None:
-        conn = seg.conn
+        """One transaction of bookkeeping (settlements, delivery counts): writes that let
+        space be freed, so a full filesystem may have the disk reserve for them."""
+
+        def write() -> None:
+            conn = seg.conn
+            try:
+                conn.execute("BEGIN IMMEDIATE")
+                for sql, rows in statements:
+                    conn.executemany(sql, rows)
+                conn.execute("COMMIT")
+            except BaseException as exc:
+                seg.rollback_quietly()
+                if isinstance(exc, sqlite3.Error):
+                    raise StoreError(seg.path, operation, sqlite_detail(exc)) from exc
+                raise
+
+        self._spending_reserve(True, write)
+
+    def _spending_reserve(self, allowed: bool, work: Callable[[], _T]) -> _T:
+        """`work`, and once more if it found the filesystem full and the disk reserve could
+        be given back (`allowed`: never for appends, which would only fill it again)."""
         try:
-            conn.execute("BEGIN IMMEDIATE")
-            for sql, rows in statements:
-                conn.executemany(sql, rows)
-            conn.execute("COMMIT")
-        except BaseException as exc:
-            seg.rollback_quietly()
-            if isinstance(exc, sqlite3.Error):
-                raise StoreError(seg.path, operation, sqlite_detail(exc)) from exc
-            raise
+            return work()
+        except StoreError as exc:
+            if not (allowed and exc.disk_full and self.reserve.release()):
+                raise
+        return work()
 
     # -- retirement ---------------------------------------------------------------------------
 

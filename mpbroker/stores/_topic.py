@@ -48,6 +48,7 @@ from mpbroker.config import StoreSettings
 from mpbroker.records import Message
 
 from ._errors import StoreError, sqlite_detail
+from ._reserve import DiskReserve
 from ._segment import (
     Migration,
     applied_migrations,
@@ -57,6 +58,7 @@ from ._segment import (
     connect_database,
     segment_index,
     segment_name,
+    unreadable,
 )
 from ._store import OUTCOMES, MessageRow, MessageStore, message_from_row
 
@@ -149,7 +151,7 @@ def _open_registry(
         try:
             tables = set(db.table_names())
         except sqlite3.DatabaseError as exc:
-            raise StoreError(path, "open", f"not an SQLite database ({exc})") from exc
+            raise unreadable(path, exc) from exc
         if tables and not tables & {"_migrations", "subscriptions"}:
             raise StoreError(
                 path, "open", f"not an mpbroker durable registry (tables {sorted(tables)[:5]})"
@@ -207,9 +209,15 @@ class TopicStore:
         self.registry_path = Path(registry_path)
         self._clock = clock
         self._closed = False
-        db = _open_registry(
-            self.registry_path, settings.synchronous, self._now_ms(), settings.sqlite_cache_bytes
-        )
+        try:
+            db = self._open_registry(settings)
+        except StoreError as exc:
+            # On a full filesystem the message store's reserve (beside the registry) makes
+            # room for opening it, as for the store itself (MessageStore.open).
+            reserve = DiskReserve(self.directory, settings.disk_reserve_bytes)
+            if not (exc.disk_full and reserve.release()):
+                raise
+            db = self._open_registry(settings)
         self._conn: sqlite3.Connection = db.conn
         try:
             # Subscriptions only (a handful), never anything per message.
@@ -227,6 +235,11 @@ class TopicStore:
                 raise StoreError(self.registry_path, "open", sqlite_detail(exc)) from exc
             raise
 
+    def _open_registry(self, settings: StoreSettings) -> sqlite_utils.Database:
+        return _open_registry(
+            self.registry_path, settings.synchronous, self._now_ms(), settings.sqlite_cache_bytes
+        )
+
     def _now_ms(self) -> int:
         return int(self._clock() * 1000)
 
@@ -236,23 +249,38 @@ class TopicStore:
         if self._closed:
             raise StoreError(self.registry_path, operation, "the store is closed")
 
-    def _write(self, operation: str, work: Callable[[sqlite3.Connection], _T]) -> _T:
-        """Run `work` in one registry transaction; StoreError (rolled back) on SQLite errors."""
+    def _write(
+        self, operation: str, work: Callable[[sqlite3.Connection], _T], *, reserve: bool = True
+    ) -> _T:
+        """Run `work` in one registry transaction; StoreError (rolled back) on SQLite errors.
+        `reserve`: a write that lets space be freed (acks, expiry, removals), for which a
+        full filesystem gives up the message store's disk reserve (the registry lives
+        beside the store, on the same filesystem)."""
         self._ensure_open(operation)
         conn = self._conn
+
+        def transaction() -> _T:
+            try:
+                conn.execute("BEGIN IMMEDIATE")
+                result = work(conn)
+                conn.execute("COMMIT")
+            except BaseException as exc:
+                # The transaction may already be gone (SQLite rolls back by itself on some
+                # errors).
+                with contextlib.suppress(sqlite3.Error):
+                    if conn.in_transaction:
+                        conn.execute("ROLLBACK")
+                if isinstance(exc, sqlite3.Error):
+                    raise StoreError(self.registry_path, operation, sqlite_detail(exc)) from exc
+                raise
+            return result
+
         try:
-            conn.execute("BEGIN IMMEDIATE")
-            result = work(conn)
-            conn.execute("COMMIT")
-        except BaseException as exc:
-            # The transaction may already be gone (SQLite rolls back by itself on some errors).
-            with contextlib.suppress(sqlite3.Error):
-                if conn.in_transaction:
-                    conn.execute("ROLLBACK")
-            if isinstance(exc, sqlite3.Error):
-                raise StoreError(self.registry_path, operation, sqlite_detail(exc)) from exc
-            raise
-        return result
+            return transaction()
+        except StoreError as exc:
+            if not (reserve and exc.disk_full and self.messages.reserve.release()):
+                raise
+        return transaction()
 
     def _query(self, operation: str, sql: str, params: Sequence[object]) -> list[tuple[int, ...]]:
         self._ensure_open(operation)
@@ -286,6 +314,7 @@ class TopicStore:
                 " VALUES (?, ?, ?, ?)",
                 (name, destination, self._now_ms(), selector),
             ),
+            reserve=False,
         )
         self._subscriptions[name] = destination
         if selector:
@@ -352,7 +381,9 @@ class TopicStore:
             for name in dict.fromkeys(names)
         ]
         try:
-            self._write("append", lambda conn: conn.executemany(_INSERT_PENDING, rows))
+            self._write(
+                "append", lambda conn: conn.executemany(_INSERT_PENDING, rows), reserve=False
+            )
         except StoreError:
             # Not owed to anyone: do not leave them live until the next start.
             with contextlib.suppress(StoreError):

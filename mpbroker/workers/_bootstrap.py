@@ -12,6 +12,7 @@ from typing import Final
 from setproctitle import setproctitle
 
 from mpbroker.logs import setup_logging
+from mpbroker.stores import StoreError
 
 from ._layout import WorkerSpec
 from ._parent import die_with_parent
@@ -46,6 +47,10 @@ def worker_entry(spec: WorkerSpec, parent: int | None = None) -> None:
         _MAINS[spec.role](spec)
     except KeyboardInterrupt:
         pass
+    except StoreError as exc:
+        # It names the file, the operation and the reason: one line says it all.
+        log.error("%s cannot go on: %s", spec.title, exc)
+        sys.exit(1)
     except Exception:
         log.exception("%s crashed", spec.title)
         sys.exit(1)

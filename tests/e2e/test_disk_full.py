@@ -1,17 +1,20 @@
 """A store's filesystem running out of room, on a real small filesystem (a tmpfs the test
 mounts, so it needs root): `store.disk_free_limit_bytes` stops persistent producers before
-the disk is full, as RabbitMQ's disk_free_limit does, and lets them go once there is room."""
+the disk is full, as RabbitMQ's disk_free_limit does, and lets them go once there is room;
+when the filesystem is full all the same, the disk reserve lets acknowledgements be stored
+and draining free space, an acknowledgement that cannot be stored is refused (never a
+RECEIPT), and the broker starts."""
 
 from __future__ import annotations
 
-import os
-import subprocess
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
 from mpbroker.harness import BrokerProcess, RawClient
+from mpbroker.stomp import Frame
+from tests.filesystems import fill, small_tmpfs
 
 RawFactory = Callable[[BrokerProcess], RawClient]
 
@@ -24,35 +27,67 @@ MiB = 1024 * 1024
 def small_fs(tmp_path: Path) -> Iterator[Path]:
     """A 16 MiB tmpfs, unmounted at the end (after the brokers a test started: request it
     before `start_broker`)."""
-    if os.geteuid() != 0:
-        pytest.skip("mounting a tmpfs needs root")
-    mount = tmp_path / "fs"
-    mount.mkdir()
-    done = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=16m,mode=0700", "tmpfs", str(mount)],
-        capture_output=True,
-        text=True,
-    )
-    if done.returncode:
-        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.strip()}")
-    try:
+    with small_tmpfs(tmp_path / "fs") as mount:
         yield mount
-    finally:
-        subprocess.run(["umount", str(mount)], check=True)
 
 
-def persistent_send(client: RawClient, receipt: str) -> None:
+def persistent_send(client: RawClient, receipt: str, body: bytes = b"kept") -> None:
     client.send(
         "SEND",
         {"destination": "/queue/disk", "persistent": "true", "receipt": receipt},
-        b"kept",
+        body,
     )
+
+
+def send_stored(client: RawClient, count: int, prefix: str = "m") -> None:
+    """`count` persistent 4 KB messages, each with its RECEIPT awaited."""
+    for i in range(count):
+        persistent_send(client, f"{prefix}{i}", f"{prefix}{i}".encode().ljust(4096, b"."))
+        assert client.recv(timeout=10).headers["receipt-id"] == f"{prefix}{i}"
+
+
+def ack(client: RawClient, frame_id: str, receipt: str) -> None:
+    client.send("ACK", {"id": frame_id, "receipt": receipt})
+
+
+def receive_and_ack(client: RawClient, count: int) -> list[Frame]:
+    """Take `count` messages, ACK each with a receipt, and wait for every RECEIPT; the
+    messages, in order. Any other frame (an ERROR) fails."""
+    messages: list[Frame] = []
+    receipts: set[str] = set()
+    while len(messages) < count or len(receipts) < len(messages):
+        frame = client.recv(timeout=10)
+        if frame.command == "MESSAGE":
+            messages.append(frame)
+            ack(client, frame.headers["ack"], f"ack-{len(messages)}")
+        else:
+            assert frame.command == "RECEIPT", frame
+            receipts.add(frame.headers["receipt-id"])
+    assert receipts == {f"ack-{i + 1}" for i in range(count)}
+    return messages
+
+
+def heads(messages: list[Frame]) -> list[bytes]:
+    """The first 4 bytes of each body (its number, see `send_stored`)."""
+    return [m.body[:4] for m in messages]
+
+
+def numbered(count: int, prefix: str = "m") -> list[bytes]:
+    return [f"{prefix}{i}.".encode()[:4].ljust(4, b".") for i in range(count)]
+
+
+# Two stores (one p2p, one pubsub worker); a disk reserve of 1 MiB each; the disk free
+# limit off, so that the filesystem can really fill up.
+FULL_DISK = '[store]\ndisk_free_limit_bytes = "0"\ndisk_reserve_bytes = "1MiB"\n'
 
 
 def test_persistent_producers_wait_below_the_disk_free_limit_and_go_on_when_there_is_room(
     small_fs: Path, start_broker: type[BrokerProcess], raw: RawFactory
 ) -> None:
-    config = '[store]\ndisk_free_limit_bytes = "8MiB"\n[flow]\nsend_timeout_ms = 1500\n'
+    config = (
+        '[store]\ndisk_free_limit_bytes = "8MiB"\ndisk_reserve_bytes = "512KiB"\n'
+        "[flow]\nsend_timeout_ms = 1500\n"
+    )
     broker = start_broker("--gateways", "1", config=config, data_dir=small_fs / "data")
     producer = raw(broker)
     producer.connect()
@@ -92,7 +127,10 @@ def test_the_broker_starts_on_a_full_filesystem_and_says_so(
     small_fs: Path, start_broker: type[BrokerProcess], raw: RawFactory
 ) -> None:
     (small_fs / "filler").write_bytes(bytes(12 * MiB))
-    config = '[store]\ndisk_free_limit_bytes = "8MiB"\n[flow]\nsend_timeout_ms = 500\n'
+    config = (
+        '[store]\ndisk_free_limit_bytes = "8MiB"\ndisk_reserve_bytes = "512KiB"\n'
+        "[flow]\nsend_timeout_ms = 500\n"
+    )
     broker = start_broker("--gateways", "1", config=config, data_dir=small_fs / "data")
     broker.wait_for_log(r"below store.disk_free_limit_bytes")
     client = raw(broker)
@@ -101,3 +139,113 @@ def test_the_broker_starts_on_a_full_filesystem_and_says_so(
     assert client.recv(timeout=10).headers["receipt-id"] == "volatile"
     persistent_send(client, "held")
     assert "disk_free_limit" in client.recv(timeout=10).headers["message"]
+
+
+def test_draining_a_full_filesystem_stores_every_ack_and_frees_space_for_producers(
+    small_fs: Path, start_broker: type[BrokerProcess], raw: RawFactory
+) -> None:
+    broker = start_broker("--gateways", "1", config=FULL_DISK, data_dir=small_fs / "data")
+    assert (small_fs / "data" / "p2p-0" / "disk-reserve").stat().st_size == MiB
+    producer = raw(broker)
+    producer.connect()
+    send_stored(producer, 200)
+    fill(small_fs / "filler")
+    # The filesystem is full: a persistent SEND is refused by the store, not acknowledged.
+    persistent_send(producer, "no-room", bytes(4096))
+    error = producer.recv(timeout=10)
+    assert error.command == "ERROR"
+    assert error.headers["receipt-id"] == "no-room"
+    assert "database or disk is full" in error.headers["message"]
+    assert str(small_fs) not in error.headers["message"] + error.body.decode()
+    # Every acknowledgement is stored all the same (the reserve), with its RECEIPT.
+    consumer = raw(broker)
+    consumer.connect()
+    consumer.send(
+        "SUBSCRIBE", {"destination": "/queue/disk", "id": "c", "ack": "client-individual"}
+    )
+    assert heads(receive_and_ack(consumer, 200)) == numbered(200)
+    broker.wait_for_log(r"is full: released its disk reserve \(1048576 bytes\)")
+    # Drained: its segment was rolled and retired, so there is room for new messages.
+    again = raw(broker)
+    again.connect()
+    send_stored(again, 20, prefix="n")
+    assert heads(receive_and_ack(consumer, 20)) == numbered(20, "n")
+    # After a restart none of the acknowledged messages comes back.
+    broker.stop_checked()
+    (small_fs / "filler").unlink()
+    broker = start_broker("--gateways", "1", config=FULL_DISK, data_dir=small_fs / "data")
+    late = raw(broker)
+    late.connect()
+    late.send("SUBSCRIBE", {"destination": "/queue/disk", "id": "c"})
+    late.assert_no_frame(1.0)
+
+
+def test_an_ack_the_store_cannot_record_gets_an_error_and_the_message_comes_back(
+    small_fs: Path, start_broker: type[BrokerProcess], raw: RawFactory
+) -> None:
+    config = FULL_DISK.replace('"1MiB"', "0")  # no reserve: nothing saves the ACK
+    broker = start_broker("--gateways", "1", config=config, data_dir=small_fs / "data")
+    producer = raw(broker)
+    producer.connect()
+    send_stored(producer, 20)
+    consumer = raw(broker)
+    consumer.connect()
+    consumer.send(
+        "SUBSCRIBE",
+        {
+            "destination": "/queue/disk",
+            "id": "c",
+            "ack": "client-individual",
+            "prefetch-count": "1",
+        },
+    )
+    first = consumer.recv(timeout=10)
+    assert first.body.startswith(b"m0.")
+    fill(small_fs / "filler")
+    ack(consumer, first.headers["ack"], "not-stored")
+    # (The next message may come first: the ACK made room in the window.)
+    frames = consumer.recv_until_closed(timeout=10)
+    assert [f.command for f in frames if f.command != "MESSAGE"] == ["ERROR"]
+    error = frames[-1]
+    assert error.headers["receipt-id"] == "not-stored"
+    assert error.headers["message"].startswith("ACK not stored: store error: settle: ")
+    assert "unacknowledged" in error.body.decode()
+    # Everything else goes on: the refused ACK's message comes back, redelivered, and
+    # once there is room again its ACK is stored.
+    (small_fs / "filler").unlink()
+    other = raw(broker)
+    other.connect()
+    other.send("SUBSCRIBE", {"destination": "/queue/disk", "id": "o", "ack": "client-individual"})
+    messages = receive_and_ack(other, 20)
+    assert sorted(heads(messages)) == sorted(numbered(20))
+    redelivered = {m.body[:4] for m in messages if m.headers.get("redelivered") == "true"}
+    assert b"m0.." in redelivered
+
+
+def test_the_broker_starts_on_a_full_filesystem_and_its_messages_can_be_drained(
+    small_fs: Path, start_broker: type[BrokerProcess], raw: RawFactory
+) -> None:
+    broker = start_broker("--gateways", "1", config=FULL_DISK, data_dir=small_fs / "data")
+    producer = raw(broker)
+    producer.connect()
+    send_stored(producer, 50)
+    broker.stop_checked()
+    fill(small_fs / "filler")
+    config = FULL_DISK.replace('disk_free_limit_bytes = "0"', 'disk_free_limit_bytes = "4MiB"')
+    config += "[flow]\nsend_timeout_ms = 500\n"
+    broker = start_broker("--gateways", "1", config=config, data_dir=small_fs / "data")
+    broker.wait_for_log(r"data dir .* has .* free, below store.disk_free_limit_bytes")
+    client = raw(broker)
+    client.connect()
+    # Non-persistent messages go; persistent ones are refused by name.
+    client.send("SEND", {"destination": "/queue/other", "receipt": "volatile"}, b"v")
+    assert client.recv(timeout=10).headers["receipt-id"] == "volatile"
+    persistent_send(client, "held")
+    assert "disk_free_limit" in client.recv(timeout=10).headers["message"]
+    # The stored messages are all there, and their acknowledgements are stored.
+    consumer = raw(broker)
+    consumer.connect()
+    consumer.send(
+        "SUBSCRIBE", {"destination": "/queue/disk", "id": "c", "ack": "client-individual"}
+    )
+    assert heads(receive_and_ack(consumer, 50)) == numbered(50)

@@ -1189,3 +1189,24 @@ def test_redelivered_stored_messages_count_in_the_index_cache_again_with_their_b
     assert (engine.cached, engine.cached_bytes) == (0, 0)
     engine.handle(0, Unsubscribe(1, 1))  # both come back, with their bodies
     assert (engine.cached, engine.cached_bytes) == (2, 8)
+
+
+def test_an_ack_of_stored_messages_waits_for_the_store_and_others_are_answered_at_once() -> None:
+    engine = make_engine()
+    engine.handle(0, subscribe(1, 1, ack_mode=ACK_INDIVIDUAL))
+    stored = make_message("s1")
+    stored.persistent, stored.seq = True, 7
+    engine.handle(9, Send(1, stored))
+    send_all(engine, ["v1"])
+    engine.outbox.take()
+    engine.handle(0, Ack(1, 1, "v1", receipt="rv"))
+    engine.handle(0, Ack(1, 1, "s1", receipt="rs"))
+    assert of_type(engine.outbox.take(), Receipt) == [(0, Receipt(1, "rv"))]
+    [waiting] = engine.take_effects().acks
+    assert (waiting.gateway, waiting.conn, waiting.receipt, waiting.frame) == (0, 1, "rs", "ACK")
+    assert [m.seq for m in waiting.messages] == [7]
+    # The store could not settle it: back at the head of the queue, redelivered.
+    engine.unsettle(Q, waiting.messages)
+    [again] = delivered_messages(engine.outbox.take())
+    assert (again.message_id, again.redelivered, again.deliveries) == ("s1", True, 1)
+    assert engine.queues[Q].held_messages == 1

@@ -10,7 +10,17 @@ import pytest
 from mpbroker.config import Config, replace_settings
 from mpbroker.engine import Outbox, QueueEngine
 from mpbroker.pipeline import QueuePersistence, index_cache
-from mpbroker.records import Message, Receipt, Refuse, Send
+from mpbroker.records import (
+    ACK_INDIVIDUAL,
+    Ack,
+    Deliver,
+    Message,
+    Nack,
+    Receipt,
+    Refuse,
+    Send,
+    Subscribe,
+)
 from mpbroker.stores import MessageStore, StoreError
 from tests.factories import make_message
 
@@ -62,7 +72,7 @@ def test_a_store_error_refuses_every_message_of_the_batch(
     out = persistence.outbox.take()[0]
     assert all(isinstance(r, Refuse) for r in out)
     assert [r.receipt for r in out if isinstance(r, Refuse)] == ["r0", "r1"]
-    assert "store error" in out[0].message  # type: ignore[union-attr]
+    assert out[0].message == "store error: append: database or disk is full"  # type: ignore[union-attr]
     assert persistence.engine.depth("/queue/q") == 0
     persistence.store.close()
 
@@ -77,3 +87,78 @@ def test_recovered_messages_come_back_redelivered(tmp_path: Path) -> None:
     [message] = list(second.engine.queues["/queue/q"].pending)
     assert message.redelivered and message.deliveries == 1 and message.seq
     second.store.close()
+
+
+def stored_and_delivered(tmp_path: Path, count: int) -> QueuePersistence:
+    """`count` stored messages, delivered to conn 2's client-individual subscription 1."""
+    persistence = make(tmp_path)
+    for n in range(count):
+        persistence.offer(0, persistent_send(n))
+    persistence.commit()
+    persistence.engine.handle(0, Subscribe(2, 1, "s", "/queue/q", ACK_INDIVIDUAL, 10))
+    persistence.outbox.take()
+    return persistence
+
+
+def failing(operation: str, tmp_path: Path) -> StoreError:
+    return StoreError(tmp_path / "p2p-0", operation, "database or disk is full (SQLITE_FULL)")
+
+
+def test_an_ack_is_answered_once_its_settlement_is_stored(tmp_path: Path) -> None:
+    persistence = stored_and_delivered(tmp_path, 2)
+    persistence.engine.handle(0, Ack(2, 1, "m0", receipt="a0"))
+    assert persistence.outbox.take() == {}, "no RECEIPT before the settlement is written"
+    persistence.write_back(persistence.engine.take_effects())
+    assert persistence.outbox.take() == {0: [Receipt(2, "a0")]}
+    assert [s.message.message_id for s in persistence.store.live()] == ["m1"]
+    persistence.store.close()
+
+
+def test_an_ack_the_store_cannot_settle_gets_an_error_and_its_message_comes_back(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    persistence = stored_and_delivered(tmp_path, 2)
+    engine = persistence.engine
+    engine.handle(0, Ack(2, 1, "m0", receipt="a0"))
+    engine.handle(0, Ack(2, 1, "m1"))  # no receipt asked: an ERROR all the same
+
+    def failing_settle(seqs: Sequence[int], outcome: str, at_ms: int) -> None:
+        raise failing("settle", tmp_path)
+
+    monkeypatch.setattr(persistence.store, "settle", failing_settle)
+    persistence.write_back(engine.take_effects())
+    out = persistence.outbox.take()[0]
+    refusals = [r for r in out if isinstance(r, Refuse)]
+    assert [(r.conn, r.receipt) for r in refusals] == [(2, "a0"), (2, "")]
+    assert refusals[0].message == (
+        "ACK not stored: store error: settle: database or disk is full (SQLITE_FULL)"
+    )
+    assert "unacknowledged" in refusals[0].detail
+    assert not [r for r in out if isinstance(r, Receipt)]
+    # Back in the queue, redelivered, held and counted as before the ACK: the consumer
+    # (whose connection the ERROR closes) got them again at once.
+    again = [r.message for r in out if isinstance(r, Deliver)]
+    assert [(m.message_id, m.redelivered) for m in again] == [("m0", True), ("m1", True)]
+    assert engine.queues["/queue/q"].held_messages == 2
+    assert len(persistence.store.live()) == 2
+    persistence.store.close()
+
+
+def test_a_nack_whose_delivery_count_cannot_be_stored_gets_an_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    persistence = stored_and_delivered(tmp_path, 1)
+    engine = persistence.engine
+    engine.handle(0, Nack(2, 1, "m0", receipt="n0"))
+
+    def failing_count(seqs: Sequence[int]) -> None:
+        raise failing("record_delivery", tmp_path)
+
+    monkeypatch.setattr(persistence.store, "record_delivery", failing_count)
+    persistence.write_back(engine.take_effects())
+    out = persistence.outbox.take()[0]
+    [refusal] = [r for r in out if isinstance(r, Refuse)]
+    assert refusal.receipt == "n0"
+    assert refusal.message.startswith("NACK not stored: store error: record_delivery: ")
+    assert engine.queues["/queue/q"].held_messages == 1  # given back once, not twice
+    persistence.store.close()
