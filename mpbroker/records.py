@@ -89,6 +89,10 @@ class Message(msgspec.Struct, array_like=True, gc=False):
     # A non-persistent message paged out to the temp store (headers and body; see
     # encode_page): the key to read them back (0 = in memory).
     temp_key: int = 0
+    # A non-persistent message published to a topic with durable subscriptions: the store
+    # seq of the last persistent message stored before it there, so that a subscriber that
+    # was away gets it in its place among the replayed persistent ones.
+    kept_after: int = 0
 
 
 # A paged message's page: its headers and body, to disk and back.

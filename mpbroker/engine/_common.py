@@ -80,6 +80,10 @@ class Consumer:
     pending: deque[Message] = field(default_factory=deque)
     # The SUBSCRIBE's message selector (None: every message is selected).
     selector: Selector | None = None
+    # A durable subscription whose subscriber is away (TopicEngine.park): never ready, it
+    # keeps the non-persistent messages it selects in `pending` (persistent ones wait in
+    # the store), bounded and paged as any backlog.
+    parked: bool = False
 
     @property
     def ready(self) -> bool:

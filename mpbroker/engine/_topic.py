@@ -13,6 +13,7 @@ from mpbroker.config import TopicSettings
 from mpbroker.errors import LimitReached
 from mpbroker.flow import DISCARD, ExpiryPolicy, FlowChange, Level, Watermark, expired_log_line
 from mpbroker.records import (
+    ACK_AUTO,
     NO_HEADERS,
     Deliver,
     Message,
@@ -22,9 +23,9 @@ from mpbroker.records import (
     encode_page,
     message_size,
 )
-from mpbroker.selector import SelectorIndex
+from mpbroker.selector import Selector, SelectorIndex
 
-from ._common import Consumer, Engine, Outbox, no_byte_window
+from ._common import Consumer, ConsumerKey, Engine, Outbox, no_byte_window
 
 
 class SharedPager(Protocol):
@@ -173,7 +174,7 @@ class TopicEngine(Engine):
             subscribers = [*self.plain.get(topic, ()), *index.matching(message)]
         limit = self.settings.max_pending_messages
         for consumer in subscribers:
-            if len(consumer.pending) >= limit:
+            if len(consumer.pending) >= limit and not (consumer.parked and message.persistent):
                 if self._holding(topic):
                     # The gateways hold what its publishers send from now on: this one was
                     # in flight when the stop began. Taken past the limit (the overshoot is
@@ -195,6 +196,8 @@ class TopicEngine(Engine):
         stub: Message | None = None
         for consumer in subscribers:
             if consumer.pending or not consumer.ready:
+                if consumer.parked and message.persistent:
+                    continue  # the store keeps it for that subscription
                 if self.paging and stub is None:
                     stub = self._stub(message, consumer.destination) or message
                 entry = stub or message
@@ -249,6 +252,61 @@ class TopicEngine(Engine):
             index = self.indexes[topic] = SelectorIndex()
             self.plain[topic] = [c for c in subscribers if c.selector is None]
         index.add(consumer, consumer.selector)
+
+    # -- durable subscriptions whose subscriber is away --------------------------------------
+
+    def park(
+        self,
+        key: ConsumerKey,
+        name: str,
+        topic: str,
+        selector: Selector | None,
+        waiting: Iterable[Message] = (),
+    ) -> None:
+        """Keep the non-persistent messages of `topic` that `selector` selects for a
+        durable subscription (`name`) whose subscriber is away, from now on: a backlog that
+        is never delivered, counted, bounded and paged as a slow subscriber's (JMS 1.1
+        6.11: a durable subscriber gets what was published while it was inactive; its
+        persistent messages wait in the store). `key`: a key of no gateway. `waiting`:
+        messages it holds already, oldest first."""
+        consumer = Consumer(key, name, topic, ACK_AUTO, 0, selector=selector, parked=True)
+        self.consumers[key] = consumer
+        self._added(consumer)
+        for message in waiting:
+            consumer.pending.append(message)
+            self.live_total += 1
+            self.live_bytes += message.size
+        if consumer.pending:
+            self.backlogged.setdefault(topic, {})[consumer] = None
+        self._check_live(topic, [consumer])
+
+    def take_parked(self, key: ConsumerKey, before: int | None = None) -> list[Message]:
+        """The oldest messages a parked subscription keeps, whole, out of its backlog:
+        those published before the persistent message `before` was stored (`kept_after`
+        below it), or all (None). Expired ones are dropped on the way."""
+        consumer = self.consumers[key]
+        pending = consumer.pending
+        taken: list[Message] = []
+        while pending and (before is None or pending[0].kept_after < before):
+            entry = pending.popleft()
+            if 0 < entry.expires_ms <= self.now_ms:
+                self._expire_entry(consumer.destination, entry)
+                continue
+            message = self._unstub(entry, read=True)
+            self.live_total -= 1
+            self.live_bytes -= message.size
+            taken.append(message)
+        if not pending:
+            self._caught_up(consumer)
+        self._check_live(consumer.destination, ())
+        return taken
+
+    def unpark(self, key: ConsumerKey) -> list[Message]:
+        """The subscription is delivered to again (or removed): every message it kept,
+        whole and in order; it is no longer parked."""
+        taken = self.take_parked(key)
+        self._remove([key], requeue_auto=False)
+        return taken
 
     def _drain(self, consumer: Consumer) -> None:
         """Move backlog into the window while it has room."""

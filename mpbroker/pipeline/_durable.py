@@ -17,12 +17,19 @@ then on new messages go to its queue as they are stored. A live subscriber that 
 more than `topics.max_pending_messages` behind is paged back: its waiting messages leave
 memory and it replays again from the store.
 
-Non-persistent messages reach a durable subscriber only while it is connected (as in
-ActiveMQ); those published while it replays wait (bounded) until it goes live.
+Non-persistent messages published while a durable subscriber is away (or replaying) are
+kept for it too (JMS 1.1, 6.11), in memory and the temp store, not in the store: the topic
+engine holds them in a *parked* subscription (`TopicEngine.park`), a backlog counted,
+bounded and paged like a slow subscriber's, so the topic's live-buffer watermarks and
+`max_pending_messages` apply. Each carries `kept_after`, the last persistent seq stored
+before it: the replay hands it over just before the first persistent message stored after
+it, so both kinds arrive in the order they were published. They are lost when the broker
+stops or crashes, as non-persistent messages are.
 """
 
 from __future__ import annotations
 
+import itertools
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -41,7 +48,6 @@ from mpbroker.engine import (
     TopicEngine,
 )
 from mpbroker.flow import FlowTracker, expired_log_line, expiry_policies
-from mpbroker.logs import log_collapsed
 from mpbroker.records import (
     Ack,
     ConnClosed,
@@ -243,8 +249,9 @@ class _Durable:
     request_id: int = 0  # the batch we wait for (0: none asked)
     # Per JMS priority 0-9: the replay continues after this seq (highest priority first).
     after: list[int] = field(default_factory=lambda: [0] * PRIORITIES)
-    # Non-persistent messages published while replaying, delivered once live.
-    held: list[Message] = field(default_factory=list)
+    # Its key in the topic engine while parked (non-persistent messages kept for it).
+    parked_key: ConsumerKey = (-1, 0, 0)
+    parked: bool = False
     # Seqs in the subscriber's window when it was paged back: they stay with it in
     # memory (acked, or returned to its queue), so the replay must not bring them again.
     skip: set[int] = field(default_factory=set)
@@ -276,6 +283,8 @@ class Durables:
             store, outbox, config, lambda name: name in self.subs, self._stored
         )
         self.subs: dict[str, _Durable] = {}
+        # Keys of parked subscriptions in the topic engine: no gateway is -1.
+        self._parked_keys = itertools.count(1)
         # Per topic: the subscriptions that want every message, and an index of those
         # with a selector (a publish tests only the ones its indexed values select).
         self.unfiltered: dict[str, set[str]] = {}
@@ -295,6 +304,9 @@ class Durables:
         self.max_live = config.topics.max_pending_messages
         self.flow = flow
         self.low_water = config.replay.replay_messages // 2
+        # Nobody is connected yet: every subscription keeps what is published meanwhile.
+        for d in self.subs.values():
+            self._park(d)
 
     def take_replay_records(self) -> list[Record]:
         """Requests and releases for our replay worker since the last call, in order."""
@@ -392,6 +404,10 @@ class Durables:
         queue = durable_queue(d.name)
         skip = d.skip
         for message in batch.messages:
+            if d.parked:
+                # The non-persistent messages published before this one come first.
+                for kept in self.topics.take_parked(d.parked_key, message.seq):
+                    self.queues.restore(kept, queue)
             if message.seq not in skip:
                 self.queues.restore(message, queue)
         d.after = [max(a, b) for a, b in zip(d.after, batch.scanned_upto, strict=True)]
@@ -428,29 +444,20 @@ class Durables:
             self.topics.handle(gateway, msgspec.structs.replace(record, receipt=""))
             self.persistence.offer(gateway, record, tuple(sorted(names)))
             return
+        if len(self.persistence.buffer) and any(self.subs[name].parked for name in names):
+            # The persistent messages published before it get their seqs first: it is
+            # replayed after them.
+            self.persistence.commit()
+        message.kept_after = self.last_stored
+        received = self.topics.received
+        # Live subscribers, and the parked subscriptions that keep it.
         self.topics.handle(gateway, record)
+        if self.topics.received == received:
+            return  # refused (a subscriber's backlog is full): nobody gets it
         for name in names:
             d = self.subs[name]
-            if d.consumer is None:
-                continue  # not kept for a subscriber that is away
-            copy = msgspec.structs.replace(message)
-            if not d.replaying:
-                self._deliver(d, copy)
-            elif len(d.held) < self.max_live:
-                d.held.append(copy)
-            else:
-                # A publisher can make this happen for every message: one line per
-                # subscription and 10 s, with the count of the others.
-                log_collapsed(
-                    log,
-                    logging.WARNING,
-                    "durable subscription dropped a non-persistent message while replaying",
-                    name,
-                    "durable subscription %r: non-persistent message dropped while it "
-                    "replays (%d held, topics.max_pending_messages)",
-                    name,
-                    len(d.held),
-                )
+            if not d.parked:
+                self._deliver(d, msgspec.structs.replace(message))
 
     def _stored(self, record: Send, names: tuple[str, ...], seq: int) -> None:
         """A persistent message is in the store: live subscribers get it now."""
@@ -469,7 +476,9 @@ class Durables:
 
     def _page_out(self, d: _Durable) -> None:
         """A live subscriber fell too far behind: its waiting messages leave memory and
-        it replays them from the store (non-persistent ones are lost: at most once)."""
+        it replays them from the store; the non-persistent ones wait parked meanwhile
+        (with no stored message among them there is no replay: they are dropped, and the
+        log says so)."""
         evicted = self.queues.evict(durable_queue(d.name))
         assert d.consumer is not None
         d.skip = {m.seq for m in self.queues.consumers[d.consumer].unacked.values() if m.seq}
@@ -486,8 +495,18 @@ class Durables:
             if message.seq:
                 stored = True
                 after[message.priority] = min(after[message.priority], message.seq - 1)
+        volatile = [m for m in evicted if not m.seq]
         if stored:
+            self._park(d, volatile)
             self._replay_from(d, after)
+        elif volatile:
+            log.warning(
+                "durable subscription %r: %d non-persistent messages dropped: its subscriber "
+                "is more than topics.max_pending_messages (%d) behind",
+                d.name,
+                len(volatile),
+                self.max_live,
+            )
 
     # -- subscribers ---------------------------------------------------------------------
 
@@ -596,8 +615,10 @@ class Durables:
 
     def _deactivate(self, d: _Durable) -> None:
         # Its unacknowledged messages were returned (counted in the store); all of it
-        # leaves memory: the backlog stays on disk.
-        self.queues.evict(durable_queue(d.name))
+        # leaves memory: the backlog stays on disk, and the non-persistent messages wait
+        # parked, in order (those already in its queue first).
+        evicted = self.queues.evict(durable_queue(d.name))
+        self._park(d, [m for m in evicted if not m.seq])
         if d.replaying:
             self._to_replay.append(ReplayRelease(self.pipeline, d.name))
             self.replaying.discard(d.name)
@@ -606,7 +627,6 @@ class Durables:
         d.consumer = None
         d.replaying = False
         d.request_id = 0
-        d.held = []
         d.skip = set()
 
     def _remove(self, d: _Durable) -> None:
@@ -616,6 +636,9 @@ class Durables:
         self.persistence.commit()
         if d.consumer is not None:
             self._deactivate(d)
+        dropped = len(self._unpark(d))
+        if dropped:
+            log.info("durable subscription %r: %d non-persistent messages dropped", d.name, dropped)
         self._unregister(d)
         try:
             dropped = self.store.unsubscribe(d.name, epoch_ms())
@@ -644,6 +667,24 @@ class Durables:
         self.replaying.discard(d.name)
         self._to_replay.append(ReplayRelease(self.pipeline, d.name))
         d.skip = set()
-        held, d.held = d.held, []
-        for message in held:
+        for message in self._unpark(d):
             self._deliver(d, message)
+
+    def _park(self, d: _Durable, waiting: list[Message] | None = None) -> None:
+        """Keep the non-persistent messages published for `d` from now on (and `waiting`,
+        already kept, oldest first) until it is live again (`_unpark`)."""
+        if d.parked:
+            if not waiting:
+                return
+            # Already parked (it was replaying): `waiting` goes before what it keeps.
+            waiting = waiting + self._unpark(d)
+        d.parked_key = (-1, 0, next(self._parked_keys))
+        d.parked = True
+        self.topics.park(d.parked_key, d.name, d.topic, d.selector, waiting or ())
+
+    def _unpark(self, d: _Durable) -> list[Message]:
+        """What `d` kept while parked, oldest first; it is no longer parked."""
+        if not d.parked:
+            return []
+        d.parked = False
+        return self.topics.unpark(d.parked_key)

@@ -60,11 +60,11 @@ def test_messages_published_while_away_are_replayed_in_order_then_live(
     first.send("DISCONNECT", {"receipt": "bye"})
     assert first.recv().command == "RECEIPT"
     publish(producer, "/topic/news", [b"away-%d" % n for n in range(30)])
-    publish(producer, "/topic/news", [b"volatile"], persistent="false")  # not kept for it
+    publish(producer, "/topic/news", [b"volatile"], persistent="false")  # kept for it too
     back = durable_client(broker, raw)
     subscribe(back, "/topic/news", "s", **DURABLE)
     publish(producer, "/topic/news", [b"live"])
-    assert take(back, 31) == [b"away-%d" % n for n in range(30)] + [b"live"]
+    assert take(back, 32) == [b"away-%d" % n for n in range(30)] + [b"volatile", b"live"]
     back.assert_no_frame(0.5)
 
 
@@ -163,3 +163,105 @@ def test_other_protocols_durable_headers_and_errors(
     twin = durable_client(broker, raw, "twin")
     twin.send("SUBSCRIBE", {"destination": "/topic/h", "id": "t", **DURABLE})
     assert "already active" in twin.recv_until_closed()[0].headers["message"]
+
+
+# -- non-persistent messages for a subscriber that is away (JMS 1.1, 6.11) ----------------
+
+
+def leave(client: RawClient) -> None:
+    client.send("DISCONNECT", {"receipt": "bye"})
+    assert client.recv().headers["receipt-id"] == "bye"
+
+
+def test_non_persistent_messages_are_kept_while_away_in_order_with_persistent_ones(
+    start_broker: type[BrokerProcess], raw: RawFactory
+) -> None:
+    broker = start_broker("--gateways", "2")
+    first = durable_client(broker, raw)
+    subscribe(first, "/topic/mixed", "s", **DURABLE)
+    leave(first)
+    producer = raw(broker)
+    producer.connect()
+    sent = []
+    for n in range(40):
+        persistent = "true" if n % 3 == 0 else "false"
+        publish(producer, "/topic/mixed", [b"%s-%d" % (persistent.encode(), n)], persistent)
+        sent.append(b"%s-%d" % (persistent.encode(), n))
+    back = durable_client(broker, raw)
+    subscribe(back, "/topic/mixed", "s", **DURABLE)
+    assert take(back, 40) == sent
+    back.assert_no_frame(0.3)
+    # Acknowledged, nothing comes back; and a second absence works the same way.
+    leave(back)
+    publish(producer, "/topic/mixed", [b"again"], persistent="false")
+    third = durable_client(broker, raw)
+    subscribe(third, "/topic/mixed", "s", **DURABLE)
+    assert take(third, 1) == [b"again"]
+
+
+def test_a_selector_keeps_only_what_it_selects_while_away(
+    start_broker: type[BrokerProcess], raw: RawFactory
+) -> None:
+    broker = start_broker("--gateways", "1")
+    first = durable_client(broker, raw)
+    subscribe(first, "/topic/sel", "s", selector="kind = 'keep'", **DURABLE)
+    leave(first)
+    producer = raw(broker)
+    producer.connect()
+    for n, kind in enumerate(["keep", "skip", "keep"]):
+        producer.send(
+            "SEND", {"destination": "/topic/sel", "kind": kind, "receipt": f"r{n}"}, kind.encode()
+        )
+        assert producer.recv().headers["receipt-id"] == f"r{n}"
+    back = durable_client(broker, raw)
+    subscribe(back, "/topic/sel", "s", selector="kind = 'keep'", **DURABLE)
+    assert take(back, 2) == [b"keep", b"keep"]
+    back.assert_no_frame(0.3)
+
+
+def test_what_is_kept_for_a_subscriber_that_is_away_is_bounded_by_the_topic_watermarks(
+    start_broker: type[BrokerProcess], raw: RawFactory
+) -> None:
+    config = (
+        "[topics]\nlive_msg_high = 20\nlive_msg_low = 10\nmax_pending_messages = 30\n"
+        "[flow]\nsend_timeout_ms = 300\n"
+    )
+    broker = start_broker("--gateways", "1", config=config)
+    first = durable_client(broker, raw)
+    subscribe(first, "/topic/bounded", "s", **DURABLE)
+    leave(first)
+    producer = raw(broker)
+    producer.connect()
+    publish(producer, "/topic/bounded", [b"%d" % n for n in range(20)], persistent="false")
+    # Its backlog reached the topic's live_msg_high: publishers wait, then are refused.
+    producer.send("SEND", {"destination": "/topic/bounded", "receipt": "held"}, b"held")
+    error = producer.recv(timeout=10)
+    assert error.command == "ERROR"
+    assert error.headers["message"] == "ResourceAllocation: /topic/bounded live_msg_high 20 reached"
+    # The subscriber comes back: it gets every message kept, and publishers go on.
+    back = durable_client(broker, raw)
+    subscribe(back, "/topic/bounded", "s", **DURABLE)
+    assert take(back, 20) == [b"%d" % n for n in range(20)]
+    again = raw(broker)
+    again.connect()
+    publish(again, "/topic/bounded", [b"after"], persistent="false")
+    assert take(back, 1) == [b"after"]
+
+
+def test_non_persistent_messages_kept_for_a_subscriber_that_is_away_do_not_survive_a_restart(
+    start_broker: type[BrokerProcess], raw: RawFactory
+) -> None:
+    broker = start_broker("--gateways", "1")
+    first = durable_client(broker, raw)
+    subscribe(first, "/topic/restart", "s", **DURABLE)
+    leave(first)
+    producer = raw(broker)
+    producer.connect()
+    publish(producer, "/topic/restart", [b"volatile"], persistent="false")
+    publish(producer, "/topic/restart", [b"stored"])
+    broker.stop_checked()
+    broker = start_broker("--gateways", "1", data_dir=broker.data_dir)
+    back = durable_client(broker, raw)
+    subscribe(back, "/topic/restart", "s", **DURABLE)
+    assert take(back, 1) == [b"stored"]
+    back.assert_no_frame(0.3)

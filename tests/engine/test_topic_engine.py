@@ -652,3 +652,61 @@ def test_the_expiry_scan_empties_expired_entries_from_every_backlog_and_logs_the
     engine.tick(2_000)
     engine.handle(0, Ack(1, 1, "first"))
     assert ids_for(engine.outbox.take(), 0, 1, 1) == ["young"]
+
+
+# -- parked durable subscriptions (their subscriber is away) ---------------------------------
+
+PARKED = (-1, 0, 1)
+
+
+def kept(message_id: str, after: int, *, persistent: bool = False, expires_ms: int = 0) -> Send:
+    record = send(1, message_id, T)
+    record.message.kept_after = after
+    record.message.persistent = persistent
+    record.message.expires_ms = expires_ms
+    return record
+
+
+def test_a_parked_subscription_keeps_non_persistent_messages_only_and_is_never_delivered() -> None:
+    engine = make_engine()
+    engine.park(PARKED, "sub", T, None)
+    engine.handle(0, subscribe(1, 1))
+    for record in (kept("n1", 0), kept("p1", 0, persistent=True), kept("n2", 1)):
+        engine.handle(9, record)
+    # The live subscriber got all three; nothing was addressed to the parked one.
+    assert [d for d in deliveries(engine.outbox.take()) if d[0] != 9] == [
+        (0, 1, 1, "n1"),
+        (0, 1, 1, "p1"),
+        (0, 1, 1, "n2"),
+    ]
+    assert len(engine.consumers[PARKED].pending) == engine.live_total == 2
+    # Taken in order, up to the persistent message stored after them.
+    assert [m.message_id for m in engine.take_parked(PARKED, 1)] == ["n1"]
+    assert [m.message_id for m in engine.unpark(PARKED)] == ["n2"]
+    assert PARKED not in engine.consumers
+    assert engine.live_total == 0 and engine.live_bytes == 0
+
+
+def test_a_parked_backlog_counts_in_the_watermarks_and_expires() -> None:
+    engine = make_engine(live_msg_high=2, live_msg_low=1, max_pending_messages=3)
+    engine.park(PARKED, "sub", T, None, [make_message("w0", T)])
+    engine.tick(1_000)
+    engine.handle(9, kept("n1", 0, expires_ms=2_000))
+    assert flow_changes(engine) == [FlowChange(T, "live_msg_high 2")]
+    engine.tick(3_000)
+    assert [m.message_id for m in engine.unpark(PARKED)] == ["w0"]  # n1 expired meanwhile
+    assert engine.expired == 1
+    assert flow_changes(engine) == [FlowChange(T, "")]
+
+
+def test_a_parked_backlog_is_paged_and_read_back_whole() -> None:
+    pager = FakePager()
+    engine = make_engine(pager=pager)
+    engine.park(PARKED, "sub", T, None)
+    engine.paging = True
+    engine.handle(9, kept("n1", 0))
+    [stub] = engine.consumers[PARKED].pending
+    assert stub.temp_key and stub.body == b""
+    [whole] = engine.unpark(PARKED)
+    assert (whole.message_id, whole.body, whole.temp_key) == ("n1", b"body", 0)
+    assert not pager.bodies
