@@ -155,15 +155,15 @@ def test_message_defaults() -> None:
 
 def test_a_message_written_before_its_last_fields_existed_still_decodes() -> None:
     # An array-like record: an older writer's Message is the same array without the last
-    # fields (`encoding`, then `temp_key`: a ring record or a replay batch from a worker not
-    # yet upgraded).
+    # fields (`encoding`, `temp_key`, then `kept_after`: a ring record or a replay batch
+    # from a worker not yet upgraded).
     fields = msgspec.msgpack.decode(msgspec.msgpack.encode(MESSAGE))
-    assert fields[-2:] == ["", 0] and len(fields) == len(Message.__struct_fields__)
-    for missing in (1, 2):
+    assert fields[-3:] == ["", 0, 0] and len(fields) == len(Message.__struct_fields__)
+    for missing in (1, 2, 3):
         old = msgspec.msgpack.encode(fields[:-missing])
         decoded = msgspec.msgpack.decode(old, type=Message)
         assert decoded == MESSAGE
-        assert (decoded.encoding, decoded.temp_key) == ("", 0)
+        assert (decoded.encoding, decoded.temp_key, decoded.kept_after) == ("", 0, 0)
 
 
 def test_ack_modes_match_the_stomp_names() -> None:

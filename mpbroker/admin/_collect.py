@@ -154,7 +154,9 @@ def topic_worker_stats(
         rows.append(
             TopicRow(
                 name=name,
-                subscribers=len(subscribers),
+                # Parked durable subscriptions (away) are not subscribers; their backlog
+                # counts in the deepest one.
+                subscribers=sum(not c.parked for c in subscribers),
                 deepest_backlog=max((len(c.pending) for c in subscribers), default=0),
                 live_msg_high=mark.high,
                 live_msg_low=mark.low,

@@ -114,7 +114,8 @@ class TopicRow(_Snapshot, frozen=True, tag_field="kind", tag="topic"):
 
     Attributes:
         name: the destination.
-        subscribers: subscriptions to it now.
+        subscribers: subscriptions to it now with a subscriber (a durable one that is away
+            is not counted; what it keeps counts in `deepest_backlog`).
         deepest_backlog: messages waiting for its slowest subscriber (its live buffer).
         live_msg_high, live_msg_low: the live buffer's watermarks for it (-1: off).
         stopped: the live-buffer limit that stops its publishers now ("" when none).

@@ -192,7 +192,7 @@ def test_topic_messages_reach_live_and_returning_durable_subscribers_whole(
         producer = raw(broker)
         producer.connect()
         send_all(producer, "/topic/big", BODIES, persistent=True)
-        send_all(producer, "/topic/big", BODIES, persistent=False)  # not kept for the durable
+        send_all(producer, "/topic/big", BODIES, persistent=False)  # kept in memory for it
         assert take(live, 2 * len(BODIES)) == BODIES + BODIES
         assert got.done.wait(20)
         assert got.bodies == BODIES + BODIES
@@ -205,5 +205,6 @@ def test_topic_messages_reach_live_and_returning_durable_subscribers_whole(
     back = raw(broker)
     back.connect(**{"client-id": "app"})
     back.send("SUBSCRIBE", {"destination": "/topic/big", "id": "d", **durable})
-    assert take(back, len(BODIES)) == BODIES  # replayed from the store
+    # Replayed from the store, then the non-persistent ones kept for it: all whole.
+    assert take(back, 2 * len(BODIES)) == BODIES + BODIES
     back.assert_no_frame(0.5)

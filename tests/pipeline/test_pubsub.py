@@ -21,13 +21,14 @@ from mpbroker.records import (
     FlowState,
     Receipt,
     Record,
+    Refuse,
     ReplayBatch,
     ReplayRelease,
     ReplayRequest,
     Send,
     Subscribe,
 )
-from mpbroker.stores import TopicStore
+from mpbroker.stores import StoreError, TopicStore
 from tests.factories import make_message
 
 T = TypeVar("T")
@@ -188,3 +189,32 @@ def test_after_a_clean_stop_a_durable_backlog_is_not_flagged_redelivered(
     crashed = open_pipeline(incarnation=2)  # no mark now: everything stored is flagged
     crashed.take_replay_records()
     assert crashed.durables.redeliver_below > 2
+
+
+def test_a_durable_ack_the_store_cannot_record_gets_an_error_and_the_message_comes_back(
+    open_pipeline: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pipeline = open_pipeline()
+    turn(pipeline, durable())  # new and empty: live at once
+    pipeline.replayed(ReplayBatch("app/d", 1, [], [], [0] * 10, False))
+    turn(pipeline)
+    out = turn(pipeline, publish(1))
+    [delivery] = of_type(out, Deliver)
+    store = pipeline.durables.store
+
+    def failing_ack(*args: object) -> None:
+        raise StoreError(store.registry_path, "ack", "database or disk is full (SQLITE_FULL)")
+
+    monkeypatch.setattr(store, "ack", failing_ack)
+    out = turn(pipeline, Ack(2, 1, delivery.message.message_id, receipt="a1"))
+    [refusal] = of_type(out, Refuse)
+    assert refusal.receipt == "a1"
+    assert (
+        refusal.message
+        == "ACK not stored: store error: ack: database or disk is full (SQLITE_FULL)"
+    )
+    assert of_type(out, Receipt) == []
+    # Still owed in the store, and given again (redelivered) in the meantime.
+    assert store.backlog("app/d") == 1
+    [again] = of_type(out, Deliver)
+    assert (again.message.message_id, again.message.redelivered) == ("m1", True)
