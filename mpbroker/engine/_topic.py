@@ -288,14 +288,10 @@ class TopicEngine(Engine):
         pending = consumer.pending
         taken: list[Message] = []
         while pending and (before is None or pending[0].kept_after < before):
-            entry = pending.popleft()
-            if 0 < entry.expires_ms <= self.now_ms:
-                self._expire_entry(consumer.destination, entry)
-                continue
-            message = self._unstub(entry, read=True)
-            self.live_total -= 1
-            self.live_bytes -= message.size
-            taken.append(message)
+            # Never handed over expired, whatever expiry_on_read says: it was never read.
+            message = self._leave_backlog(consumer.destination, pending.popleft(), expire=True)
+            if message is not None:
+                taken.append(message)
         if not pending:
             self._caught_up(consumer)
         self._check_live(consumer.destination, ())
@@ -308,18 +304,28 @@ class TopicEngine(Engine):
         self._remove([key], requeue_auto=False)
         return taken
 
+    def _leave_backlog(self, topic: str, entry: Message, *, expire: bool) -> Message | None:
+        """A backlog entry taken out: the whole message, or None when `expire` and its
+        time is up (then it expired, under the topic's policy)."""
+        if expire and 0 < entry.expires_ms <= self.now_ms:
+            self._expire_entry(topic, entry)
+            return None
+        message = self._unstub(entry, read=True)
+        self.live_total -= 1
+        self.live_bytes -= message.size
+        return message
+
     def _drain(self, consumer: Consumer) -> None:
         """Move backlog into the window while it has room."""
         gateway, conn, sub = consumer.key
         moved = bool(consumer.pending)
+        expire = self.expiry_on_read
         while consumer.pending and consumer.ready:
-            entry = consumer.pending.popleft()
-            if self.expiry_on_read and 0 < entry.expires_ms <= self.now_ms:
-                self._expire_entry(consumer.destination, entry)
+            message = self._leave_backlog(
+                consumer.destination, consumer.pending.popleft(), expire=expire
+            )
+            if message is None:
                 continue
-            message = self._unstub(entry, read=True)
-            self.live_total -= 1
-            self.live_bytes -= message.size
             consumer.take(message)
             self.outbox.add(gateway, Deliver([(conn, sub)], message))
             self.delivered += 1
