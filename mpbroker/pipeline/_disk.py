@@ -19,9 +19,12 @@ __all__ = ["DiskWatch"]
 
 log = logging.getLogger("mpbroker.pipeline")
 
-# How often the free space is read: statvfs is a cheap system call, and a second of
-# writes at full speed (tens of MB) stays well inside the default 64 MiB.
+# How often the free space is read while there is plenty: statvfs is a cheap system call,
+# and a second of writes at full speed (tens of MB) stays well inside the default 64 MiB.
 CHECK_INTERVAL_S: Final = 1.0
+# Within this many times the limit, it is read after every batch the store wrote (a few
+# microseconds each), so a burst cannot run far past the limit between two readings.
+NEAR_FACTOR: Final = 2
 
 
 def _free_and_total(directory: Path) -> tuple[int, int]:
@@ -46,13 +49,17 @@ class DiskWatch:
         self.read = read
         self.reason = ""
         self._next_check = 0.0
+        # The last reading was within NEAR_FACTOR times the limit (or stopped).
+        self.near = False
 
     @property
     def stopped(self) -> bool:
         return self.free.stopped
 
     def check(self, now_s: float) -> str | None:
-        if now_s < self._next_check:
+        """Read the free space when due: once a second, or at every call while it is near
+        the limit; the change, as the class says."""
+        if now_s < self._next_check and not self.near:
             return None
         self._next_check = now_s + CHECK_INTERVAL_S
         try:
@@ -61,6 +68,7 @@ class DiskWatch:
             log.error("cannot read the free space of %s: %s", self.directory, exc)
             return None
         change = self.free.update(free, total)
+        self.near = self.free.stopped or free < NEAR_FACTOR * self.free.limit.of(total)
         reserve = self.store.reserve
         if not self.free.stopped:
             reserve.ensure()
