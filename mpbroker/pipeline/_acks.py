@@ -10,13 +10,14 @@ queue, redelivered, since it was not acknowledged after all. Everything else goe
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable, Iterable
 
 from mpbroker.engine import Outbox, QueueEngine, StoredAck
 from mpbroker.logs import log_collapsed
 from mpbroker.records import Receipt, Refuse
 from mpbroker.stores import StoreError
 
-__all__ = ["answer_stored_acks", "log_store_error"]
+__all__ = ["WriteFailures", "answer_stored_acks", "log_store_error"]
 
 log = logging.getLogger("mpbroker.pipeline")
 
@@ -36,22 +37,42 @@ def log_store_error(what: str, exc: StoreError) -> None:
     )
 
 
+class WriteFailures:
+    """What a write-back could not store, by message: the store error per seq, and the
+    seqs whose settlement failed (those are put back when their ACK is refused)."""
+
+    def __init__(self) -> None:
+        self.errors: dict[int, StoreError] = {}
+        self.unsettled: set[int] = set()
+
+    def failed(self, seqs: Iterable[int], exc: StoreError, *, settle: bool) -> None:
+        for seq in seqs:
+            self.errors[seq] = exc
+            if settle:
+                self.unsettled.add(seq)
+
+
 def answer_stored_acks(
     engine: QueueEngine,
     outbox: Outbox,
     acks: list[StoredAck],
-    failed: dict[str, StoreError],
+    failures: WriteFailures,
+    takes_back: Callable[[str], bool] | None = None,
 ) -> None:
-    """RECEIPTs for `acks` (in order) whose frame kind is not in `failed`; for the others an
-    ERROR naming the store error, and their acknowledged messages back in their queue."""
+    """RECEIPTs for `acks` (in order) whose messages were all written; for the others an
+    ERROR naming the store error, and their messages whose settlement failed back in
+    their queue, unless `takes_back` says the queue no longer wants them (a durable
+    subscription gone inactive: they stay in the store and are replayed)."""
+    errors = failures.errors
     for ack in acks:
-        error = failed.get(ack.frame)
+        error = next((errors[m.seq] for m in ack.messages if m.seq in errors), None)
         if error is None:
             if ack.receipt:
                 outbox.add(ack.gateway, Receipt(ack.conn, ack.receipt))
             continue
-        if ack.frame == "ACK":
-            engine.unsettle(ack.queue, ack.messages)
+        back = [m for m in ack.messages if m.seq in failures.unsettled]
+        if back and (takes_back is None or takes_back(ack.queue)):
+            engine.unsettle(ack.queue, back)
         outbox.add(
             ack.gateway,
             Refuse(

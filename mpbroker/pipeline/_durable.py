@@ -69,7 +69,7 @@ from mpbroker.records import (
 from mpbroker.selector import Selector, SelectorError, SelectorIndex, compile_selector
 from mpbroker.stores import CommitBuffer, StoreError, TopicStore
 
-from ._acks import answer_stored_acks, log_store_error
+from ._acks import WriteFailures, answer_stored_acks, log_store_error
 from ._persistence import refuse_unstored
 
 __all__ = ["Durables", "TopicPersistence", "durable_queue"]
@@ -131,11 +131,14 @@ class TopicPersistence:
         config: Config,
         subscribed: Callable[[str], bool],
         stored: Callable[[Send, tuple[str, ...], int], None],
+        takes_back: Callable[[str], bool],
     ) -> None:
         self.store = store
         self.outbox = outbox
         self.subscribed = subscribed
         self.stored = stored
+        # Whether a durable queue still wants messages whose ACK could not be stored.
+        self.takes_back = takes_back
         settings = config.store
         self.buffer: CommitBuffer[_Pending] = CommitBuffer.for_settings(settings)
         self.cleanup_batch = settings.cleanup_batch
@@ -209,19 +212,19 @@ class TopicPersistence:
         pending in the store: it comes back after a restart, redelivered."""
         now = epoch_ms()
         store = self.store
-        failed: dict[str, StoreError] = {}
+        failures = WriteFailures()
         if effects.settled:
             try:
                 store.ack(_by_subscription(effects.settled), "acked", now)
             except StoreError as exc:
                 log_store_error("recording acknowledgements", exc)
-                failed["ACK"] = exc
+                failures.failed((seq for _, seq in effects.settled), exc, settle=True)
         if effects.returned:
             try:
                 store.returned(_by_subscription(effects.returned))
             except StoreError as exc:
                 log_store_error("counting deliveries", exc)
-                failed["NACK"] = exc
+                failures.failed((seq for _, seq in effects.returned), exc, settle=False)
         try:
             if effects.expired:
                 store.ack(_by_subscription(effects.expired), "expired", now)
@@ -235,7 +238,7 @@ class TopicPersistence:
         except StoreError as exc:
             # Still pending in the store: the next scan finds them again.
             log_store_error("settling expired messages", exc)
-        answer_stored_acks(engine, self.outbox, effects.acks, failed)
+        answer_stored_acks(engine, self.outbox, effects.acks, failures, self.takes_back)
 
 
 @dataclass(eq=False)
@@ -280,7 +283,7 @@ class Durables:
         self.outbox = outbox
         self.pipeline = pipeline
         self.persistence = TopicPersistence(
-            store, outbox, config, lambda name: name in self.subs, self._stored
+            store, outbox, config, lambda name: name in self.subs, self._stored, self._takes_back
         )
         self.subs: dict[str, _Durable] = {}
         # Keys of parked subscriptions in the topic engine: no gateway is -1.
@@ -459,6 +462,12 @@ class Durables:
             if not d.parked:
                 self._deliver(d, msgspec.structs.replace(message))
 
+    def _takes_back(self, queue: str) -> bool:
+        """Messages whose ACK could not be stored go back to the durable queue only while
+        its subscriber is there; otherwise the store keeps them for the replay."""
+        d = self.subs.get(_subscription(queue))
+        return d is not None and d.consumer is not None
+
     def _stored(self, record: Send, names: tuple[str, ...], seq: int) -> None:
         """A persistent message is in the store: live subscribers get it now."""
         self.last_stored = seq
@@ -562,6 +571,8 @@ class Durables:
                 return
             d = _Durable(name, record.destination, selector)
             self._register(d)
+            # Until its first (empty) replay ends, like any subscription that replays.
+            self._park(d)
             log.info(
                 "durable subscription %r on %s created%s",
                 name,

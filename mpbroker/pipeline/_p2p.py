@@ -137,18 +137,25 @@ class P2PPipeline(Pipeline):
         ):
             return  # it waits for room in its quota
         if isinstance(record, Barrier):
-            # A barrier answers for every earlier frame: commit those first.
+            # A barrier answers for every earlier frame: commit those first, and answer
+            # the acknowledgements before it (a COMMIT's or DISCONNECT's RECEIPT must not
+            # overtake the ERROR of an ACK that could not be stored).
             self.persistence.commit()
+            self._write_back()
         elif isinstance(record, Send) and record.message.persistent:
             self.persistence.offer(gateway, record)  # the engine gets it once stored
             return
         self.queue_engine.handle(gateway, record)
 
     def _step(self) -> None:
-        persistence = self.persistence
-        persistence.commit_if_due()
+        self.persistence.commit_if_due()
+        self._write_back()
+
+    def _write_back(self) -> None:
+        """What the engine left since the last time: written to the store and answered;
+        quota room given back lets waiting SENDs in."""
         effects = self.queue_engine.take_effects()
-        persistence.write_back(effects)
+        self.persistence.write_back(effects)
         for line in effects.expiry_log:
             expiry_log.info("%s", line)
         if self.quota_room is not None:

@@ -19,7 +19,7 @@ from mpbroker.engine import IndexCache, Outbox, QueueEffects, QueueEngine
 from mpbroker.records import Message, Refuse, Send
 from mpbroker.stores import CommitBuffer, MessageStore, StoreError
 
-from ._acks import answer_stored_acks, log_store_error
+from ._acks import WriteFailures, answer_stored_acks, log_store_error
 
 __all__ = ["QueuePersistence", "index_cache", "refuse_unstored"]
 
@@ -170,25 +170,27 @@ class QueuePersistence:
         """
         now = epoch_ms()
         store = self.store
-        failed: dict[str, StoreError] = {}
+        failures = WriteFailures()
         if effects.dead_letters:
             try:
                 self._move_dead_letters(effects.dead_letters, now)
             except StoreError as exc:
                 log_store_error("moving dead letters (kept in memory meanwhile)", exc)
-                failed["NACK"] = exc
+                failures.failed((seq for seq, _, _ in effects.dead_letters), exc, settle=False)
         if effects.settled:
+            seqs = [seq for _, seq in effects.settled]
             try:
-                store.settle([seq for _, seq in effects.settled], "acked", now)
+                store.settle(seqs, "acked", now)
             except StoreError as exc:
                 log_store_error("recording acknowledgements", exc)
-                failed["ACK"] = exc
+                failures.failed(seqs, exc, settle=True)
         if effects.returned:
+            seqs = [seq for _, seq in effects.returned]
             try:
-                store.record_delivery([seq for _, seq in effects.returned])
+                store.record_delivery(seqs)
             except StoreError as exc:
                 log_store_error("counting deliveries", exc)
-                failed.setdefault("NACK", exc)
+                failures.failed(seqs, exc, settle=False)
         self.expired_backlog.extend(seq for _, seq in effects.expired)
         if self.expired_backlog and now >= self.next_cleanup_ms:
             chunk = self.expired_backlog[: self.cleanup_batch]
@@ -200,4 +202,4 @@ class QueuePersistence:
                 self.next_cleanup_ms = now + 1000
             else:
                 del self.expired_backlog[: self.cleanup_batch]
-        answer_stored_acks(self.engine, self.outbox, effects.acks, failed)
+        answer_stored_acks(self.engine, self.outbox, effects.acks, failures)

@@ -156,8 +156,10 @@ class PubSubPipeline(Pipeline):
 
     def _handle(self, gateway: int, record: Record) -> None:
         if isinstance(record, Barrier):
-            # A barrier answers for every earlier frame: commit those first.
+            # A barrier answers for every earlier frame: commit those first, and answer
+            # the acknowledgements before it (see P2PPipeline._handle).
             self.durables.persistence.commit()
+            self._write_back()
         self.durables.handle(gateway, record)
 
     def _take_topic_effects(self) -> None:
@@ -173,8 +175,12 @@ class PubSubPipeline(Pipeline):
         durables = self.durables
         durables.pump()
         durables.persistence.commit_if_due()
+        self._write_back()
+
+    def _write_back(self) -> None:
+        """The durable queues' effects since the last time: written and answered."""
         effects = self.queue_engine.take_effects()
-        durables.persistence.write_back(effects, self.queue_engine)
+        self.durables.persistence.write_back(effects, self.queue_engine)
         # The durable subscriptions' queues never dead-letter (they are not /queue/ names),
         # have no quota and expire through the topic store: were that to change, say so.
         if effects.dead_letters or effects.quota_granted or effects.expiry_log:

@@ -310,10 +310,13 @@ class MessageStore:
             # Older segments first, so the newest segment's count wins.
             self._deliveries.update(seg.conn.execute("SELECT seq, count FROM deliveries"))
             next_seq = max(next_seq, seg.base_seq, (seg.last_seq or 0) + 1)
-            # Only the last segment can be unsealed; an older unsealed one (not produced by
-            # this code) is treated as sealed and never written.
+            # Only the last segment can be unsealed; an older unsealed one (a crash between
+            # a roll's creating the next segment and sealing this one) is treated as sealed
+            # and never written.
         self._deliveries = {s: c for s, c in self._deliveries.items() if c > 0 and self._is_live(s)}
         self._next_seq = next_seq
+        for seg in self._segments[:-1]:
+            seg.sealed = True
         if self._segments and not self._segments[-1].sealed:
             self._active_bytes = self._segments[-1].size_bytes()
 
@@ -329,8 +332,12 @@ class MessageStore:
         `reserve`: a full filesystem may have the disk reserve (never for appends)."""
         if self._segments and not self._segments[-1].sealed:
             return self._segments[-1]
+        return self._adopt(self._create_next(reserve=reserve))
+
+    def _create_next(self, *, reserve: bool) -> Segment:
+        """A new empty segment after the last one, not yet the active one (`_adopt`)."""
         index = self._segments[-1].index + 1 if self._segments else 1
-        seg = self._spending_reserve(
+        return self._spending_reserve(
             reserve,
             lambda: create_segment(
                 self.directory,
@@ -341,6 +348,9 @@ class MessageStore:
                 self.settings.sqlite_cache_bytes,
             ),
         )
+
+    def _adopt(self, seg: Segment) -> Segment:
+        """`seg` becomes the active segment."""
         self._segments.append(seg)
         self._bases.append(seg.base_seq)
         self._active_bytes = seg.size_bytes()
@@ -492,8 +502,17 @@ class MessageStore:
             except sqlite3.Error as exc:
                 raise StoreError(active.path, "seal", sqlite_detail(exc)) from exc
 
-        self._spending_reserve(reserve, seal)
-        self._ensure_active(reserve=reserve)
+        # The successor first: sealing with no room left for it would leave the store no
+        # segment to write settlements to (every ACK refused until there is room).
+        successor = self._create_next(reserve=reserve)
+        try:
+            self._spending_reserve(reserve, seal)
+        except BaseException:
+            successor.close()
+            for f in _files_of(successor):
+                f.unlink(missing_ok=True)
+            raise
+        self._adopt(successor)
         self._retire_settled()
 
     def _roll_if_due(self) -> None:
@@ -601,7 +620,7 @@ class MessageStore:
         with contextlib.suppress(sqlite3.Error):
             seg.conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
         seg.close()
-        files = [seg.path, *(Path(f"{seg.path}{s}") for s in SIDE_SUFFIXES)]
+        files = _files_of(seg)
         if self.settings.archive:
             archive = self.directory / ARCHIVE_DIR
             archive.mkdir(exist_ok=True)
@@ -798,6 +817,11 @@ class MessageStore:
         tb: TracebackType | None,
     ) -> None:
         self.close()
+
+
+def _files_of(seg: Segment) -> list[Path]:
+    """A segment's file and its side files (WAL, shared memory)."""
+    return [seg.path, *(Path(f"{seg.path}{s}") for s in SIDE_SUFFIXES)]
 
 
 def _check_marker(directory: Path) -> None:

@@ -20,15 +20,17 @@ from mpbroker.records import (
     FlowState,
     Hello,
     Message,
+    Nack,
     PipelineHello,
     Receipt,
     Record,
+    Refuse,
     Registered,
     Send,
     Subscribe,
 )
 from mpbroker.routing import Topology
-from mpbroker.stores import MessageStore
+from mpbroker.stores import MessageStore, StoreError
 from tests.factories import make_message
 
 T = TypeVar("T")
@@ -227,3 +229,42 @@ def test_the_disk_free_limit_stops_persistent_producers_and_is_told_to_a_new_gat
     pipeline.disk._next_check = 0.0
     out = turn(pipeline)
     assert of_type(out, FlowState, 0) == [FlowState(0, "disk", "", "")]
+
+
+def failing_store_writes(pipeline: P2PPipeline, monkeypatch: pytest.MonkeyPatch) -> None:
+    store = pipeline.persistence.store
+
+    def fail(*args: object) -> None:
+        raise StoreError(store.directory, "settle", "database or disk is full (SQLITE_FULL)")
+
+    monkeypatch.setattr(store, "settle", fail)
+
+
+def test_a_barrier_is_answered_after_the_error_of_an_ack_that_could_not_be_stored(
+    open_pipeline: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A COMMIT's or DISCONNECT's RECEIPT (a barrier) must not overtake that ERROR.
+    pipeline = open_pipeline()
+    turn(pipeline, (0, subscribe()), (0, Send(2, message(1, persistent=True))))
+    failing_store_writes(pipeline, monkeypatch)
+    out = turn(pipeline, (0, Ack(1, 1, "m1")), (0, Barrier(1, 7)))
+    kinds = [type(r).__name__ for r in out[0] if isinstance(r, Refuse | BarrierDone)]
+    assert kinds == ["Refuse", "BarrierDone"]
+
+
+def test_a_nack_without_requeue_that_could_not_be_settled_gets_an_error(
+    open_pipeline: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A dead-letter queue has no dead-letter queue: NACK requeue:false settles the message.
+    pipeline = open_pipeline()
+    dead = make_message("d1", "/queue/DLQ.q", persistent=True)
+    turn(
+        pipeline,
+        (0, Subscribe(1, 1, "s", "/queue/DLQ.q", ACK_CLIENT, 10)),
+        (0, Send(2, dead)),
+    )
+    failing_store_writes(pipeline, monkeypatch)
+    out = turn(pipeline, (0, Nack(1, 1, "d1", receipt="n", requeue=False)))
+    assert [r.receipt for r in of_type(out, Refuse)] == ["n"]
+    assert of_type(out, Receipt) == []
+    assert [s.message.message_id for s in pipeline.persistence.store.live()] == ["d1"]

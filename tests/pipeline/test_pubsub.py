@@ -138,7 +138,13 @@ def test_statistics_show_topics_consumers_and_durable_subscriptions(open_pipelin
     stats = pipeline.statistics("pubsub 0", 42, 7)
     assert (stats.title, stats.pid, stats.at_ms) == ("pubsub 0", 42, 7)
     assert [row.name for row in stats.destinations] == [TOPIC]
-    assert len(stats.consumers) == 2
+    # The durable subscription's own queue consumer, the plain subscriber, and (while the
+    # durable one replays) its parked subscription keeping non-persistent messages.
+    assert sorted((c.gateway, c.subscription) for c in stats.consumers) == [
+        (-1, "app/d"),
+        (0, "d"),
+        (0, "s"),
+    ]
     assert stats.durable_subscriptions == [DurableRow(name="app/d", topic=TOPIC, state="replaying")]
     assert stats.temp_store is None
 
