@@ -252,9 +252,9 @@ class _Durable:
     request_id: int = 0  # the batch we wait for (0: none asked)
     # Per JMS priority 0-9: the replay continues after this seq (highest priority first).
     after: list[int] = field(default_factory=lambda: [0] * PRIORITIES)
-    # Its key in the topic engine while parked (non-persistent messages kept for it).
-    parked_key: ConsumerKey = (-1, 0, 0)
-    parked: bool = False
+    # Its key in the topic engine while parked (non-persistent messages kept for it);
+    # None while it is live.
+    parked_key: ConsumerKey | None = None
     # Seqs in the subscriber's window when it was paged back: they stay with it in
     # memory (acked, or returned to its queue), so the replay must not bring them again.
     skip: set[int] = field(default_factory=set)
@@ -407,7 +407,7 @@ class Durables:
         queue = durable_queue(d.name)
         skip = d.skip
         for message in batch.messages:
-            if d.parked:
+            if d.parked_key is not None:
                 # The non-persistent messages published before this one come first.
                 for kept in self.topics.take_parked(d.parked_key, message.seq):
                     self.queues.restore(kept, queue)
@@ -447,7 +447,7 @@ class Durables:
             self.topics.handle(gateway, msgspec.structs.replace(record, receipt=""))
             self.persistence.offer(gateway, record, tuple(sorted(names)))
             return
-        if len(self.persistence.buffer) and any(self.subs[name].parked for name in names):
+        if len(self.persistence.buffer) and any(self.subs[name].parked_key for name in names):
             # The persistent messages published before it get their seqs first: it is
             # replayed after them.
             self.persistence.commit()
@@ -459,7 +459,7 @@ class Durables:
             return  # refused (a subscriber's backlog is full): nobody gets it
         for name in names:
             d = self.subs[name]
-            if not d.parked:
+            if d.parked_key is None:
                 self._deliver(d, msgspec.structs.replace(message))
 
     def _takes_back(self, queue: str) -> bool:
@@ -684,18 +684,15 @@ class Durables:
     def _park(self, d: _Durable, waiting: list[Message] | None = None) -> None:
         """Keep the non-persistent messages published for `d` from now on (and `waiting`,
         already kept, oldest first) until it is live again (`_unpark`)."""
-        if d.parked:
+        if d.parked_key is not None:
             if not waiting:
                 return
             # Already parked (it was replaying): `waiting` goes before what it keeps.
             waiting = waiting + self._unpark(d)
-        d.parked_key = (-1, 0, next(self._parked_keys))
-        d.parked = True
-        self.topics.park(d.parked_key, d.name, d.topic, d.selector, waiting or ())
+        d.parked_key = key = (-1, 0, next(self._parked_keys))
+        self.topics.park(key, d.name, d.topic, d.selector, waiting or ())
 
     def _unpark(self, d: _Durable) -> list[Message]:
         """What `d` kept while parked, oldest first; it is no longer parked."""
-        if not d.parked:
-            return []
-        d.parked = False
-        return self.topics.unpark(d.parked_key)
+        key, d.parked_key = d.parked_key, None
+        return [] if key is None else self.topics.unpark(key)
