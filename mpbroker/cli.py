@@ -9,10 +9,11 @@ import os
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from mpbroker import __version__
 from mpbroker.config import (
+    LOG_FORMATS,
     LOG_LEVELS,
     Config,
     ConfigError,
@@ -22,12 +23,16 @@ from mpbroker.config import (
     replace_settings,
 )
 
+if TYPE_CHECKING:
+    from mpbroker.host import UsableCpus
+    from mpbroker.memory import WorkerCounts
+
 __all__ = ["build_parser", "main"]
 
 
 def _apply_overrides(config: Config, args: argparse.Namespace) -> Config:
     changes: dict[str, Any] = {}
-    for name in ("host", "port", "data_dir", "gateways", "log_level"):
+    for name in ("host", "port", "data_dir", "gateways", "log_level", "log_format"):
         value = getattr(args, name, None)
         if value is not None:
             changes[name] = value
@@ -39,31 +44,65 @@ def _apply_overrides(config: Config, args: argparse.Namespace) -> Config:
     return config
 
 
+def _fit_workers(config: Config) -> tuple[WorkerCounts, UsableCpus]:
+    """Every worker count of `config` resolved: 0 = one per usable CPU (as many as fit),
+    and the p2p and pubsub counts the data dir was made with (ConfigError for others)."""
+    from mpbroker.host import usable_cpus
+    from mpbroker.memory import fit_workers
+    from mpbroker.routing import Topology
+    from mpbroker.workers.datadir import read_partitions
+
+    record = read_partitions(Path(config.broker.data_dir))
+    pinned = None
+    if record is not None:
+        pinned = (record.p2p_workers, record.pubsub_workers)
+        broker = config.broker
+        record.check(
+            Topology(
+                broker.p2p_workers or record.p2p_workers,
+                broker.pubsub_workers or record.pubsub_workers,
+                config.queues.dead_letter_prefix,
+            )
+        )
+    cpus = usable_cpus()
+    return fit_workers(config, cpus.count, pinned), cpus
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
     """Run the broker in the foreground until SIGTERM or Ctrl-C.
 
     A config whose theoretical maximum (see `mpbroker config show`) exceeds
-    memory.max_memory is refused before anything starts (exit code 2).
+    memory.max_memory is refused before anything starts (exit code 2), and so is a data
+    dir the broker cannot use. Under systemd (Type=notify) it says when it is ready,
+    reloading and stopping, and feeds the watchdog while it is healthy.
 
     Example: mpbroker serve --port 61613 --data-dir /var/lib/mpbroker
     """
     from setproctitle import setproctitle
 
     from mpbroker.logs import setup_logging
-    from mpbroker.memory import fit_gateways, require_fits
+    from mpbroker.memory import require_fits
+    from mpbroker.workers.datadir import check_data_dir
     from mpbroker.workers.supervisor import serve
 
     config = _apply_overrides(load_config(args.config), args)
-    config, note = fit_gateways(config)
-    # Refused before anything starts (the supervisor checks again, for other callers).
+    counts, cpus = _fit_workers(config)
+    config = counts.config
+    # Refused before anything starts, the data dir included (the supervisor checks again,
+    # for other callers).
     require_fits(config)
+    check_data_dir(Path(config.broker.data_dir))
     setproctitle("mpbroker: supervisor")
-    setup_logging("supervisor", config.broker.log_level)
-    if note:
-        logging.getLogger("mpbroker.supervisor").warning("%s", note)
-    # SIGHUP reads the same file again, with the same command-line overrides.
+    setup_logging("supervisor", config.broker.log_level, config.broker.log_format)
+    log = logging.getLogger("mpbroker.supervisor")
+    for note in counts.notes:
+        log.warning("%s", note)
+    log.debug("%s", cpus.why())
+    # SIGHUP reads the same file again, with the same command-line overrides and counts.
     reload_source = (
-        (lambda: _apply_overrides(load_config(args.config), args)) if args.config else None
+        (lambda: _fit_workers(_apply_overrides(load_config(args.config), args))[0].config)
+        if args.config
+        else None
     )
     return serve(config, reload_source)
 
@@ -77,7 +116,10 @@ def cmd_config_show(args: argparse.Namespace) -> int:
     """
     from mpbroker.memory import plan, render_plan
 
-    config = _apply_overrides(load_config(args.config), args)
+    requested = _apply_overrides(load_config(args.config), args)
+    counts, cpus = _fit_workers(requested)
+    config = counts.config
+    effective = {count.setting: count for count in counts.counts}
     section = ""
     for key, value, doc in iter_settings(config):
         head, _, name = key.partition(".")
@@ -86,6 +128,9 @@ def cmd_config_show(args: argparse.Namespace) -> int:
             section = head
         # A JSON string is a valid TOML basic string: quotes and backslashes escaped.
         rendered = json.dumps(value) if isinstance(value, str | bool) else str(value)
+        if key in effective:
+            # The count as asked for (0 stays 0): the effective ones follow the budget.
+            rendered = str(getattr(getattr(requested, head), name))
         print(f"{name} = {rendered}  # {doc}")
     for quota in config.quotas:
         print(f"\n[quotas.{json.dumps(quota.name)}]")
@@ -101,6 +146,10 @@ def cmd_config_show(args: argparse.Namespace) -> int:
     print()
     for line in render_plan(plan(config)):
         print(f"# {line}")
+    # Machine-dependent like the budget (which counts these workers), so after it.
+    print(f"# Workers: {cpus.why()}")
+    for count in counts.counts:
+        print(f"#   {count.setting}: {count.value} ({count.why})")
     return 0
 
 
@@ -154,6 +203,7 @@ def cmd_config_wizard(args: argparse.Namespace) -> int:
 
     Example: mpbroker config wizard --memory 256MB --topics 10 --queues 10 --largest-topic-message 64KiB --largest-queue-message 64KiB --rate 50 --connections 20 --threads 500 --out broker.toml
     """
+    from mpbroker.host import usable_cpus
     from mpbroker.memory import WizardError, WizardInputs, derive
 
     out = Path(args.out) if args.out else None
@@ -172,7 +222,7 @@ def cmd_config_wizard(args: argparse.Namespace) -> int:
         rate_per_s=values["rate"],
         connections=values["connections"],
         threads=values["threads"],
-        cpus=args.cpus or os.cpu_count() or 1,
+        cpus=args.cpus or usable_cpus().count,
     )
     try:
         result = derive(inputs)
@@ -200,7 +250,7 @@ def cmd_config_estimate(args: argparse.Namespace) -> int:
     """
     from mpbroker.memory import estimate
 
-    config = _apply_overrides(load_config(args.config), args)
+    config = _fit_workers(_apply_overrides(load_config(args.config), args))[0].config
     try:
         result = estimate(
             config, args.connections, args.sessions, args.messages, args.message_bytes
@@ -324,6 +374,13 @@ def _add_broker_options(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--log-level", dest="log_level", choices=LOG_LEVELS, help="log level")
     parser.add_argument(
+        "--log-format",
+        dest="log_format",
+        choices=LOG_FORMATS,
+        help="text (with times) or journal (<N> priorities, for journald); auto = journal "
+        "when stderr is the journal ($JOURNAL_STREAM)",
+    )
+    parser.add_argument(
         "--admin-port",
         dest="admin_port",
         type=int,
@@ -373,7 +430,10 @@ def build_parser() -> argparse.ArgumentParser:
             help=prompt,
         )
     wizard.add_argument(
-        "--cpus", type=int, metavar="N", help="CPUs of the broker's machine (default: this one's)"
+        "--cpus",
+        type=int,
+        metavar="N",
+        help="CPUs of the broker's machine (default: this one's usable CPUs)",
     )
     wizard.add_argument("--out", metavar="FILE", help="write the TOML here (default: stdout)")
     wizard.add_argument("--force", action="store_true", help="overwrite an existing --out file")
@@ -430,15 +490,22 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    from mpbroker.workers.datadir import DataDirError
+
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
         result: int = args.func(args)
-    except ConfigError as exc:
+    except (ConfigError, DataDirError) as exc:
         print(f"mpbroker: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:
+        # `mpbroker config show | head`: the reader left; say nothing more (and let no
+        # flush at exit complain about it either).
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141
     return result
 
 

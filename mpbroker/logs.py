@@ -19,6 +19,7 @@ the window ends, not only when the next event does.
 from __future__ import annotations
 
 import logging
+import os
 import sys
 import threading
 import time
@@ -30,15 +31,20 @@ __all__ = [
     "COLLAPSE_WINDOW_S",
     "Collapsed",
     "Collapser",
+    "JournalFormatter",
     "LineFormatter",
     "client_text",
     "flush_collapsed",
+    "journal_priority",
     "log_collapsed",
+    "log_format",
     "peer_address",
     "setup_logging",
 ]
 
 _FORMAT = "%(asctime)s %(levelname)s {role}[%(process)d] %(message)s"
+# journald stamps every line itself: no time of our own.
+_JOURNAL_FORMAT = "{role}[%(process)d] %(levelname)s %(message)s"
 
 CLIENT_TEXT_LIMIT = 200
 """Characters of client text one log line quotes at most."""
@@ -68,10 +74,57 @@ class LineFormatter(logging.Formatter):
         return super().formatMessage(record)
 
 
-def setup_logging(role: str, level: str) -> None:
-    """Send this process's log records to stderr, tagged with `role` (e.g. 'gateway-0')."""
+class JournalFormatter(LineFormatter):
+    """For journald (systemd's stdout/stderr stream): every line starts with its syslog
+    priority (`<3>` for ERROR, sd-daemon(3)'s prefixes), which journald takes as the
+    entry's priority (`journalctl -p warning`), and carries no time of its own. A traceback
+    keeps its lines, each with the prefix, so none of them falls back to the stream's
+    default priority."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        prefix = f"<{journal_priority(record.levelno)}>"
+        return "\n".join(prefix + line for line in super().format(record).split("\n"))
+
+
+def journal_priority(levelno: int) -> int:
+    """The syslog priority of a logging level: DEBUG 7, INFO 6, WARNING 4, ERROR 3,
+    CRITICAL 2."""
+    if levelno >= logging.CRITICAL:
+        return 2
+    if levelno >= logging.ERROR:
+        return 3
+    if levelno >= logging.WARNING:
+        return 4
+    if levelno >= logging.INFO:
+        return 6
+    return 7
+
+
+def log_format(setting: str, journal_stream: str | None, stderr_fd: int) -> str:
+    """'text' or 'journal' for a `broker.log_format` setting: 'auto' is 'journal' when
+    stderr is the stream systemd connected to journald, which it names in
+    `$JOURNAL_STREAM` as "device:inode" (a stderr redirected elsewhere no longer
+    matches, so `2>file` gets text)."""
+    if setting != "auto":
+        return setting
+    if not journal_stream:
+        return "text"
+    try:
+        st = os.fstat(stderr_fd)
+    except OSError:
+        return "text"
+    return "journal" if journal_stream == f"{st.st_dev}:{st.st_ino}" else "text"
+
+
+def setup_logging(role: str, level: str, fmt: str = "text") -> None:
+    """Send this process's log records to stderr, tagged with `role` (e.g. 'gateway-0'),
+    as `fmt` says ('text', 'journal', or 'auto': `log_format`)."""
     handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(LineFormatter(_FORMAT.format(role=role)))
+    fmt = log_format(fmt, os.environ.get("JOURNAL_STREAM"), sys.stderr.fileno())
+    if fmt == "journal":
+        handler.setFormatter(JournalFormatter(_JOURNAL_FORMAT.format(role=role)))
+    else:
+        handler.setFormatter(LineFormatter(_FORMAT.format(role=role)))
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())

@@ -15,14 +15,22 @@ import pytest
 
 
 @contextlib.contextmanager
-def small_tmpfs(mount: Path, size: str = "16m") -> Iterator[Path]:
-    """A tmpfs of `size` mounted on `mount` (created), unmounted at the end; skips the
-    test when this machine cannot mount one."""
+def small_tmpfs(mount: Path, size: str = "16m", *, read_only: bool = False) -> Iterator[Path]:
+    """A tmpfs of `size` mounted on `mount` (created; `read_only`: mounted so), unmounted
+    at the end; skips the test when this machine cannot mount one."""
     if os.geteuid() != 0:
         pytest.skip("mounting a tmpfs needs root")
     mount.mkdir()
     done = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", f"size={size},mode=0700", "tmpfs", str(mount)],
+        [
+            "mount",
+            "-t",
+            "tmpfs",
+            "-o",
+            f"size={size},mode=0700{',ro' if read_only else ''}",
+            "tmpfs",
+            str(mount),
+        ],
         capture_output=True,
         text=True,
     )

@@ -437,7 +437,8 @@ def test_the_readme_memory_budget_examples_are_what_the_commands_print(
     _, _, err = run(capsys, "serve", "--config", str(path), "--gateways", "2")
     assert refusal.strip() == err.strip()
     _, out, _ = run(capsys, "config", "show", "--gateways", "2")
-    assert table.strip() == out[out.index(BUDGET_HEADER) :].strip()
+    # The budget, up to the workers (their reason names this machine's CPUs).
+    assert table.strip() == out[out.index(BUDGET_HEADER) : out.index("# Workers: ")].strip()
     # The prose after the table quotes its totals.
     from mpbroker.config import format_bytes
     from mpbroker.memory import plan
@@ -465,3 +466,32 @@ def test_the_readme_memory_budget_examples_are_what_the_commands_print(
     assert command.startswith("$ mpbroker config estimate ")
     _, out, _ = run(capsys, *command.split()[2:])
     assert printed.strip() == out.strip()
+
+
+def test_config_show_says_how_many_workers_of_each_kind_and_why(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from mpbroker.host import usable_cpus
+
+    cpus = usable_cpus()
+    path = tmp_path / "broker.toml"
+    path.write_text(
+        "[broker]\ngateways = 0\np2p_workers = 0\npubsub_workers = 3\n"
+        "[replay]\nworkers = 0\n[memory]\nmax_memory = '4GiB'\n"
+    )
+    code, out, _ = run(capsys, "config", "show", "--config", str(path))
+    assert code == 0
+    lines = out.splitlines()
+    # The settings as written (0 stays 0), the effective counts at the end.
+    assert "gateways = 0  # gateway worker processes; 0 = one per usable CPU (as many as fit)" in (
+        lines
+    )
+    tail = lines[lines.index(f"# Workers: {cpus.why()}") :]
+    n = cpus.count
+    assert tail[1:] == [
+        f"#   broker.gateways: {n} (0: one per usable CPU ({n}))",
+        f"#   broker.p2p_workers: {n} (0: one per usable CPU ({n}))",
+        "#   broker.pubsub_workers: 3 (set)",
+        f"#   replay.workers: {min(n, 3)} (0: one per usable CPU ({n})"
+        + (", at most one per pubsub worker (3))" if n > 3 else ")"),
+    ]

@@ -4,7 +4,9 @@ client text is cut and escaped before a line quotes it."""
 from __future__ import annotations
 
 import logging
+import os
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -147,3 +149,55 @@ def test_every_message_stays_on_its_line_but_a_traceback_keeps_its_lines() -> No
     lines = formatter.format(failed).splitlines()
     assert lines[0] == "ERROR a\\x1bb"
     assert lines[1] == "Traceback (most recent call last):" and lines[-1] == "ValueError: boom"
+
+
+# -- journald ----------------------------------------------------------------------------
+
+
+def test_journal_lines_carry_their_priority_and_no_time() -> None:
+    formatter = logs.JournalFormatter("supervisor[%(process)d] %(levelname)s %(message)s")
+    record = logging.LogRecord("x", logging.WARNING, __file__, 1, "stopped\nforged", (), None)
+    record.process = 42
+    assert formatter.format(record) == "<4>supervisor[42] WARNING stopped\\nforged"
+    try:
+        raise ValueError("boom")
+    except ValueError:
+        record = logging.LogRecord("x", logging.ERROR, __file__, 1, "crashed", (), sys.exc_info())
+    record.process = 42
+    lines = formatter.format(record).split("\n")
+    # A traceback keeps its lines, every one at the record's priority.
+    assert lines[0] == "<3>supervisor[42] ERROR crashed"
+    assert len(lines) > 2 and all(line.startswith("<3>") for line in lines)
+    assert lines[-1] == "<3>ValueError: boom"
+
+
+@pytest.mark.parametrize(
+    ("level", "priority"),
+    [
+        (logging.DEBUG, 7),
+        (logging.INFO, 6),
+        (logging.WARNING, 4),
+        (logging.ERROR, 3),
+        (logging.CRITICAL, 2),
+    ],
+)
+def test_levels_map_to_syslog_priorities(level: int, priority: int) -> None:
+    assert logs.journal_priority(level) == priority
+
+
+def test_auto_is_journal_only_when_stderr_is_the_stream_journald_named(tmp_path: Path) -> None:
+    read_end, write_end = os.pipe()
+    other = os.open(tmp_path / "log", os.O_WRONLY | os.O_CREAT, 0o600)
+    try:
+        st = os.fstat(write_end)
+        stream = f"{st.st_dev}:{st.st_ino}"
+        assert logs.log_format("auto", stream, write_end) == "journal"
+        # stderr redirected elsewhere (2>file) no longer matches: text.
+        assert logs.log_format("auto", stream, other) == "text"
+        assert logs.log_format("auto", "1:2", write_end) == "text"
+        assert logs.log_format("auto", None, write_end) == "text"
+        assert logs.log_format("text", stream, write_end) == "text"
+        assert logs.log_format("journal", None, write_end) == "journal"
+    finally:
+        for fd in (read_end, write_end, other):
+            os.close(fd)

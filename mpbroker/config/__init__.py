@@ -18,6 +18,7 @@ from ._reload import RELOADABLE_FIELDS, RELOADABLE_SECTIONS, reload_flow_setting
 from ._schema import (
     DEFAULT_QUOTA,
     DESTINATION_KEYS,
+    LOG_FORMATS,
     LOG_LEVELS,
     AdminSettings,
     BrokerSettings,
@@ -44,6 +45,7 @@ from ._values import DiskFreeLimit, MemLevel, parse_disk_free_limit, parse_level
 __all__ = [
     "DEFAULT_QUOTA",
     "DESTINATION_KEYS",
+    "LOG_FORMATS",
     "LOG_LEVELS",
     "RELOADABLE_FIELDS",
     "RELOADABLE_SECTIONS",

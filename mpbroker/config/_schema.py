@@ -20,6 +20,7 @@ from ._units import GiB, KiB, MiB
 __all__ = [
     "DEFAULT_QUOTA",
     "DESTINATION_KEYS",
+    "LOG_FORMATS",
     "LOG_LEVELS",
     "AdminSettings",
     "BrokerSettings",
@@ -44,6 +45,7 @@ __all__ = [
 ]
 
 LOG_LEVELS: Final = ("debug", "info", "warning", "error")
+LOG_FORMATS: Final = ("auto", "text", "journal")
 
 
 def _setting(
@@ -73,9 +75,25 @@ class BrokerSettings:
     host: str = _setting("127.0.0.1", "address the STOMP listener binds to")
     port: int = _setting(61613, "STOMP port; 0 picks a free one", min=0, max=65535)
     data_dir: str = _setting("mpbroker-data", "directory for stores and runtime files")
-    gateways: int = _setting(0, "gateway worker processes; 0 = one per CPU", min=0, max=256)
-    p2p_workers: int = _setting(1, "point-to-point (queue) pipeline processes", min=1, max=64)
-    pubsub_workers: int = _setting(1, "publish/subscribe (topic) pipeline processes", min=1, max=64)
+    gateways: int = _setting(
+        0, "gateway worker processes; 0 = one per usable CPU (as many as fit)", min=0, max=256
+    )
+    # Queues and topics are partitioned over the pipelines by a hash of their names, so the
+    # count a data dir was made with is kept (workers/_datadir.py).
+    p2p_workers: int = _setting(
+        1,
+        "point-to-point (queue) pipeline processes; 0 = one per usable CPU (as many as fit), "
+        "or the count the data dir was made with",
+        min=0,
+        max=64,
+    )
+    pubsub_workers: int = _setting(
+        1,
+        "publish/subscribe (topic) pipeline processes; 0 = one per usable CPU (as many as "
+        "fit), or the count the data dir was made with",
+        min=0,
+        max=64,
+    )
     # ActiveMQ's transportConnector default maximumConnections is 1000; a gateway is
     # cheap per idle connection (one trio task pair), so allow more by default.
     max_connections: int = _setting(
@@ -95,10 +113,27 @@ class BrokerSettings:
         5000, "longest wait before restarting a worker that keeps crashing", min=0
     )
     log_level: str = _setting("info", "log level", choices=LOG_LEVELS)
+    log_format: str = _setting(
+        "auto",
+        "text: lines with their time; journal: <N> priority prefixes and no time, for "
+        "journald; auto: journal when stderr is the journal ($JOURNAL_STREAM), else text",
+        choices=LOG_FORMATS,
+    )
 
+    # The broker resolves every 0 before it starts (`mpbroker.memory.fit_workers`, which
+    # knows the usable CPUs and the data dir's partitions); these are for budgets computed
+    # on a config that was not resolved, and assume every online CPU.
     def gateway_count(self) -> int:
-        """Resolved number of gateways (0 means one per CPU)."""
+        """Gateways (0 means one per CPU)."""
         return self.gateways or (os.cpu_count() or 1)
+
+    def p2p_count(self) -> int:
+        """p2p workers (0 means one per CPU)."""
+        return self.p2p_workers or (os.cpu_count() or 1)
+
+    def pubsub_count(self) -> int:
+        """pubsub workers (0 means one per CPU)."""
+        return self.pubsub_workers or (os.cpu_count() or 1)
 
 
 @dataclass(frozen=True, slots=True)
@@ -360,7 +395,10 @@ class ReplaySettings:
     """Durable subscribers coming back: their stored backlog is read by replay workers."""
 
     workers: int = _setting(
-        1, "replay worker processes (each serves the pubsub partitions p with p % workers)", min=1
+        1,
+        "replay worker processes (each serves the pubsub partitions p with p % workers); 0 = "
+        "one per usable CPU, at most one per pubsub worker (as many as fit)",
+        min=0,
     )
     replay_messages: int = _setting(100, "most messages in one replay batch", min=1)
     replay_bytes: int = _setting(256 * KiB, "most message bytes in one replay batch", min=1)
@@ -371,6 +409,11 @@ class ReplaySettings:
     global_bytes: int = _setting(
         2 * MiB, "most replayed message bytes in flight over all subscribers", min=1
     )
+
+    def count(self, pubsub: int) -> int:
+        """Replay workers for `pubsub` pubsub workers (0 means one per CPU, at most one per
+        pubsub worker: a replay worker serves whole pubsub partitions)."""
+        return self.workers or min(pubsub, os.cpu_count() or 1)
 
 
 @dataclass(frozen=True, slots=True)
@@ -415,7 +458,9 @@ class AdminSettings:
 
     host: str = _setting("127.0.0.1", "address of the admin API (keep it on loopback)")
     # ActiveMQ's web console port.
-    port: int = _setting(8161, "admin API port; 0 picks a free one, -1 switches it off", min=-1)
+    port: int = _setting(
+        8161, "admin API port; 0 picks a free one, -1 switches it off", min=-1, max=65535
+    )
     stats_interval_ms: int = _setting(
         500, "how often every worker publishes its state for the admin API", min=10
     )

@@ -17,7 +17,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import ClassVar, Self
@@ -66,7 +66,8 @@ class ServerProcess:
     starts on entry and on exit stops with :meth:`stop_checked` (or, when the block failed,
     just stops). ``name`` appears in messages. ``temp_dir``, if given, is removed once the
     server stopped. ``on_line``, if set before :meth:`start`, is called with every line the
-    server writes to stderr, from the thread that drains it.
+    server writes to stderr, from the thread that drains it. ``env``: variables added to
+    the server's environment (``NOTIFY_SOCKET``, say).
     """
 
     READY: ClassVar[re.Pattern[str]] = re.compile(r"ready on (\S+):(\d+)")
@@ -78,8 +79,10 @@ class ServerProcess:
         *,
         temp_dir: str | os.PathLike[str] | None = None,
         on_line: Callable[[str], None] | None = None,
+        env: Mapping[str, str] | None = None,
     ) -> None:
         self.name = name
+        self.env = dict(env or {})
         self.command = list(command)
         self.temp_dir = None if temp_dir is None else Path(temp_dir)
         self.on_line = on_line
@@ -113,6 +116,7 @@ class ServerProcess:
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
             text=True,
+            env={**os.environ, **self.env} if self.env else None,
         )
         self._reader = threading.Thread(target=self._drain, name=f"{self.name}-stderr", daemon=True)
         self._reader.start()
@@ -294,6 +298,7 @@ class BrokerProcess(ServerProcess):
         config: str | None = None,
         admin: bool = True,
         on_line: Callable[[str], None] | None = None,
+        env: Mapping[str, str] | None = None,
     ) -> None:
         temp_dir = None
         if data_dir is None:
@@ -307,7 +312,7 @@ class BrokerProcess(ServerProcess):
         if gateways is not None:
             args = ("--gateways", str(gateways), *args)
         command = broker_command(self.data_dir, *args, config_path=config_path, admin=admin)
-        super().__init__("mpbroker", command, temp_dir=temp_dir, on_line=on_line)
+        super().__init__("mpbroker", command, temp_dir=temp_dir, on_line=on_line, env=env)
         #: The admin API's address ``http://HOST:PORT`` and port, once started (None, 0: none).
         self.admin_url: str | None = None
         self.admin_port = 0

@@ -4,6 +4,7 @@
   a `Config`, with the measured per-unit costs.
 * `_wizard`: `mpbroker config wizard`: budgets derived from the memory and the load. Pure.
 * `_memwatch`: MemWatch's levels on readings of the broker's memory. Pure.
+* `_workers`: how many workers of each kind: `0` = one per usable CPU, as many as fit.
 * `_measure`: the reading itself: PSS of every broker process plus its segments.
 """
 
@@ -20,7 +21,6 @@ from ._budget import (
     ProcessCost,
     check,
     estimate,
-    fit_gateways,
     plan,
     process_costs,
     render_plan,
@@ -29,6 +29,7 @@ from ._budget import (
 from ._measure import broker_memory_bytes
 from ._memwatch import MemWatch, private_pss_bytes
 from ._wizard import Choice, WizardError, WizardInputs, WizardResult, derive
+from ._workers import WorkerCount, WorkerCounts, fit_workers
 
 __all__ = [
     "FIXED_COST_BYTES",
@@ -46,11 +47,13 @@ __all__ = [
     "WizardError",
     "WizardInputs",
     "WizardResult",
+    "WorkerCount",
+    "WorkerCounts",
     "broker_memory_bytes",
     "check",
     "derive",
     "estimate",
-    "fit_gateways",
+    "fit_workers",
     "plan",
     "private_pss_bytes",
     "process_costs",

@@ -62,7 +62,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Final
 
-from mpbroker.config import Config, ConfigError, KiB, MiB, format_bytes, replace_settings
+from mpbroker.config import Config, ConfigError, KiB, MiB, format_bytes
 
 __all__ = [
     "FIXED_COST_BYTES",
@@ -77,7 +77,6 @@ __all__ = [
     "ProcessCost",
     "check",
     "estimate",
-    "fit_gateways",
     "plan",
     "process_costs",
     "render_plan",
@@ -222,8 +221,8 @@ def largest_message_bytes(config: Config) -> int:
 def ring_count(config: Config) -> int:
     """Rings of the layout: gateway <-> pipeline both ways, pubsub <-> replay both ways."""
     broker = config.broker
-    pipelines = broker.p2p_workers + broker.pubsub_workers
-    return 2 * broker.gateway_count() * pipelines + 2 * broker.pubsub_workers
+    pipelines = broker.p2p_count() + broker.pubsub_count()
+    return 2 * broker.gateway_count() * pipelines + 2 * broker.pubsub_count()
 
 
 def process_costs(gateways: int, p2p: int, pubsub: int, replay: int) -> tuple[ProcessCost, ...]:
@@ -242,7 +241,10 @@ def process_costs(gateways: int, p2p: int, pubsub: int, replay: int) -> tuple[Pr
 def config_process_costs(config: Config) -> tuple[ProcessCost, ...]:
     broker = config.broker
     return process_costs(
-        broker.gateway_count(), broker.p2p_workers, broker.pubsub_workers, config.replay.workers
+        broker.gateway_count(),
+        broker.p2p_count(),
+        broker.pubsub_count(),
+        config.replay.count(broker.pubsub_count()),
     )
 
 
@@ -250,7 +252,8 @@ def plan(config: Config) -> MemoryPlan:
     """The budget of every module for `config`; see the module docstring."""
     broker = config.broker
     gateways = broker.gateway_count()
-    p2p, pubsub = broker.p2p_workers, broker.pubsub_workers
+    p2p, pubsub = broker.p2p_count(), broker.pubsub_count()
+    replayers = config.replay.count(pubsub)
     largest = largest_message_bytes(config)
     budgets = [
         Budget(
@@ -294,7 +297,7 @@ def plan(config: Config) -> MemoryPlan:
             "worker statistics",
             ("admin.stats_bytes",),
             config.admin.stats_bytes,
-            gateways + p2p + pubsub + config.replay.workers,
+            gateways + p2p + pubsub + replayers,
             "worker",
             "each worker's published state, read by the admin API",
         ),
@@ -326,7 +329,7 @@ def plan(config: Config) -> MemoryPlan:
             "spread over more segments opens more files; a file's cache holds only pages read",
         )
     )
-    budgets += _replay(config, largest)
+    budgets += _replay(config, replayers, largest)
     return MemoryPlan(tuple(budgets), config_process_costs(config), config.memory.max_memory)
 
 
@@ -463,11 +466,11 @@ def _vol_queue(config: Config, p2p: int) -> Budget:
     )
 
 
-def _replay(config: Config, largest: int) -> list[Budget]:
+def _replay(config: Config, replayers: int, largest: int) -> list[Budget]:
     replay = config.replay
     # Each replay worker gets an even share of replay.global_bytes (at least one batch,
     # mpbroker/workers/replay.py), and a message larger than that is replayed alone.
-    share = max(replay.replay_bytes, replay.global_bytes // replay.workers)
+    share = max(replay.replay_bytes, replay.global_bytes // replayers)
     each = max(share, largest)
     why = "replayed message bytes in flight, shared out among the replay workers"
     if largest > share:
@@ -477,7 +480,7 @@ def _replay(config: Config, largest: int) -> list[Budget]:
             "durable replay",
             ("replay.global_bytes",),
             each,
-            replay.workers,
+            replayers,
             "replay worker",
             why,
         ),
@@ -497,9 +500,9 @@ def _replay(config: Config, largest: int) -> list[Budget]:
 def _open_store_files(config: Config) -> int:
     broker = config.broker
     return (
-        4 * (broker.p2p_workers + broker.pubsub_workers)
-        + broker.pubsub_workers
-        + (2 * broker.pubsub_workers)
+        4 * (broker.p2p_count() + broker.pubsub_count())
+        + broker.pubsub_count()
+        + (2 * broker.pubsub_count())
     )
 
 
@@ -554,25 +557,6 @@ def check(config: Config) -> str | None:
         f"to at least {format_bytes(memory.maximum)}; `mpbroker config show` lists every "
         "budget"
     )
-
-
-def fit_gateways(config: Config) -> tuple[Config, str]:
-    """`broker.gateways = 0` means one per CPU, as many as fit: on a machine with more CPUs
-    than `max_memory` has room for, the count the budget allows (at least one), and a note
-    saying so ("" when nothing changed). An explicit count is left to `require_fits`."""
-    broker = config.broker
-    if broker.gateways or check(config) is None:
-        return config, ""
-    cpus = broker.gateway_count()
-    for gateways in range(cpus - 1, 0, -1):
-        fitted = replace_settings(config, "broker", gateways=gateways)
-        if check(fitted) is None:
-            note = (
-                f"gateways: {gateways} of {cpus} CPUs (broker.gateways = 0): more would not fit "
-                f"in memory.max_memory = {format_bytes(config.memory.max_memory)}"
-            )
-            return fitted, note
-    return config, ""
 
 
 def require_fits(config: Config) -> None:
@@ -715,7 +699,7 @@ def estimate(
         ),
     ]
     vol = config.vol_queue_store.global_byte_high
-    queue_budget = (vol if vol != -1 else config.queues.max_bytes) * config.broker.p2p_workers
+    queue_budget = (vol if vol != -1 else config.queues.max_bytes) * config.broker.p2p_count()
     prefetch = max(config.queues.prefetch, config.topics.prefetch)
     window = prefetch * (PER_MESSAGE_BYTES + message_bytes)
     if config.flow.consumer_window_bytes != -1:

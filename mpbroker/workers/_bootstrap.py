@@ -37,7 +37,8 @@ def worker_entry(spec: WorkerSpec, parent: int | None = None) -> None:
     # dying with our parent is dying with the supervisor.
     die_with_parent()
     setproctitle(f"mpbroker: {spec.title}")
-    setup_logging(spec.title.replace(" ", "-"), spec.config.broker.log_level)
+    broker = spec.config.broker
+    setup_logging(spec.title.replace(" ", "-"), broker.log_level, broker.log_format)
     log = logging.getLogger("mpbroker.worker")
     # Our parent may already be gone if it died while forking us.
     ppid = os.getppid()

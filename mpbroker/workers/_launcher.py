@@ -158,8 +158,9 @@ class WorkerProcess:
 class Launcher:
     """The supervisor's handle on its fork server."""
 
-    def __init__(self, log_level: str = "info") -> None:
+    def __init__(self, log_level: str = "info", log_format: str = "auto") -> None:
         self.log_level = log_level
+        self.log_format = log_format
         self.process: subprocess.Popen[bytes] | None = None
         self.sock: socket.socket | None = None
 
@@ -190,6 +191,7 @@ class Launcher:
             str(theirs.fileno()),
             str(os.getpid()),
             self.log_level,
+            self.log_format,
         ]
         try:
             self.process = subprocess.Popen(
@@ -409,14 +411,16 @@ class _Server:
 
 
 def main() -> None:
-    """The server process: `python -c '...main()' SOCKET_FD SUPERVISOR_PID LOG_LEVEL`."""
+    """The server process: `python -c '...main()' SOCKET_FD SUPERVISOR_PID LOG_LEVEL
+    LOG_FORMAT`."""
     from setproctitle import setproctitle
 
     from mpbroker.logs import setup_logging
 
     from ._parent import die_with_parent
 
-    sock_fd, supervisor, log_level = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
+    sock_fd, supervisor = int(sys.argv[1]), int(sys.argv[2])
+    log_level, log_format = sys.argv[3], sys.argv[4]
     die_with_parent(signal.SIGKILL)
     if os.getppid() != supervisor:
         os._exit(1)  # the supervisor died while starting us
@@ -424,7 +428,7 @@ def main() -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
     setproctitle(_TITLE)
-    setup_logging("forkserver", log_level)
+    setup_logging("forkserver", log_level, log_format)
     sock = socket.socket(fileno=sock_fd)
     started = time.monotonic()
     for name in PRELOAD:

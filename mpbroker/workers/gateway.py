@@ -55,15 +55,13 @@ from mpbroker.stomp import (
 )
 
 from ._base import StopOnSignal, WorkerBase
+from ._counters import GATEWAY_CONNECTIONS, GATEWAY_FRAMES_IN
 from ._layout import WorkerSpec
 
 __all__ = ["run_gateway"]
 
 log = logging.getLogger("mpbroker.gateway")
 
-# Control-block counters of a gateway slot.
-COUNTER_CONNECTIONS = 0
-COUNTER_FRAMES_IN = 1
 
 _LISTEN_BACKLOG = 1024
 _CLOSE_TIMEOUT_S = 2.0
@@ -408,7 +406,7 @@ class Gateway:
         """Connections open on every gateway (each gateway counts its own in its slot)."""
         total = 0
         for g in range(self.layout.gateways):
-            total += self.control.slot(self.layout.gateway_slot(g)).counter(COUNTER_CONNECTIONS)
+            total += self.control.slot(self.layout.gateway_slot(g)).counter(GATEWAY_CONNECTIONS)
         return total
 
     async def serve_connection(self, stream: trio.SocketStream) -> None:
@@ -427,7 +425,7 @@ class Gateway:
         )
         conn = _Connection(session, stream, peer)
         self.connections[conn_id] = conn
-        self.slot.add_counter(COUNTER_CONNECTIONS, 1)
+        self.slot.add_counter(GATEWAY_CONNECTIONS, 1)
         try:
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(self._reader, conn)
@@ -449,7 +447,7 @@ class Gateway:
             )
         finally:
             del self.connections[conn_id]
-            self.slot.add_counter(COUNTER_CONNECTIONS, -1)
+            self.slot.add_counter(GATEWAY_CONNECTIONS, -1)
             session.closed()
             # Its pipelines hear of the end last (ConnClosed), whatever ended it.
             self.flush(conn)
@@ -546,7 +544,7 @@ class Gateway:
                 parser.version = session.version  # CONNECT may have changed it
             # A SEND may have discarded other connections' transactions: they say so now.
             self.check_transactions(now)
-            self.slot.add_counter(COUNTER_FRAMES_IN, len(frames))
+            self.slot.add_counter(GATEWAY_FRAMES_IN, len(frames))
             for port in self.flush(conn):
                 # A full ring: read nothing more until what we sent is in it.
                 await port.drained()

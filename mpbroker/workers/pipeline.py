@@ -20,15 +20,13 @@ from mpbroker.shm import Doorbell, Ring, RingReader, park
 from mpbroker.stores import MessageStore, TopicStore
 
 from ._base import StopOnSignal, WorkerBase
+from ._counters import PIPELINE_DELIVERED, PIPELINE_RECEIVED
 from ._layout import WorkerSpec, durable_registry, store_directory, temp_directory
 from ._outlet import Outlet
 
 __all__ = ["run_pipeline"]
 
 log = logging.getLogger("mpbroker.pipeline")
-
-COUNTER_RECEIVED = 0
-COUNTER_DELIVERED = 1
 
 
 def open_pipeline(spec: WorkerSpec) -> Pipeline:
@@ -145,8 +143,8 @@ class PipelineWorker:
         while not stop.requested:
             busy = self.step()
             reloaded = base.turn()
-            base.slot.set_counter(COUNTER_RECEIVED, pipeline.engine.received)
-            base.slot.set_counter(COUNTER_DELIVERED, pipeline.engine.delivered)
+            base.slot.set_counter(PIPELINE_RECEIVED, pipeline.engine.received)
+            base.slot.set_counter(PIPELINE_DELIVERED, pipeline.engine.delivered)
             now = base.stats_due()
             if now is not None:
                 base.publish_stats(pipeline.statistics(self.spec.title, os.getpid(), now))

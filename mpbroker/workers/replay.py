@@ -27,15 +27,13 @@ from mpbroker.shm import Doorbell, Ring, RingReader, park
 from mpbroker.stores import StoreError, TopicStoreReader
 
 from ._base import StopOnSignal, WorkerBase
+from ._counters import REPLAY_BATCHES, REPLAY_MESSAGES
 from ._layout import WorkerSpec, durable_registry, store_directory
 from ._outlet import Outlet
 
 __all__ = ["run_replay"]
 
 log = logging.getLogger("mpbroker.replay")
-
-COUNTER_BATCHES = 0
-COUNTER_MESSAGES = 1
 
 
 class ReplayWorker:
@@ -189,8 +187,8 @@ class ReplayWorker:
         while not stop.requested:
             busy = self.step()
             base.turn()
-            base.slot.set_counter(COUNTER_BATCHES, self.batches)
-            base.slot.set_counter(COUNTER_MESSAGES, self.messages)
+            base.slot.set_counter(REPLAY_BATCHES, self.batches)
+            base.slot.set_counter(REPLAY_MESSAGES, self.messages)
             self._publish_stats()
             if busy:
                 continue

@@ -40,11 +40,15 @@ from mpbroker.shm import (
     remove_instance,
     sweep_stale,
 )
+from mpbroker.systemd import Counters, Notifier, NotifyError, WorkerBeat
 
+from ._counters import GATEWAY_CONNECTIONS, PIPELINE_DELIVERED, PIPELINE_RECEIVED
 from ._launcher import Launcher, LauncherError, WorkerProcess
 from ._layout import Layout, WorkerSpec, reloaded_config
+from ._service import BrokerFigures, ServiceLink
+from .datadir import DataDirError, check_data_dir, read_partitions, write_partitions
 
-__all__ = ["StartupError", "serve"]
+__all__ = ["EXIT_STARTUP", "StartupError", "serve"]
 
 log = logging.getLogger("mpbroker.supervisor")
 
@@ -53,6 +57,10 @@ _SLOT_COUNTERS = 16
 _STABLE_AFTER_S = 5.0
 _FIRST_BACKOFF_S = 0.1
 _STARTUP_TIMEOUT_S = 60.0
+
+
+# Exit code of a broker that could not start (as for a refused configuration).
+EXIT_STARTUP = 2
 
 
 class StartupError(RuntimeError):
@@ -70,6 +78,10 @@ class _Worker:
     restart_at: float | None = None
     spec_title: str = ""
     exit_codes: list[int | None] = field(default_factory=list)
+    # For the watchdog (mpbroker.systemd.stalled): since when it has not been ready
+    # (monotonic seconds; None while it is), and whether it replaces a stalled worker.
+    down_since: float | None = None
+    after_stall: bool = False
 
 
 class Supervisor:
@@ -84,7 +96,7 @@ class Supervisor:
             config.replay.workers,
         )
         # Forks every worker; started first thing, so it imports while segments are made.
-        self.launcher = Launcher(broker.log_level)
+        self.launcher = Launcher(broker.log_level, broker.log_format)
         self.workers: list[_Worker] = []
         self.rings: list[Ring] = []
         self.bells: list[Doorbell] = []
@@ -108,6 +120,15 @@ class Supervisor:
         )
         self.next_memwatch = 0.0
         self._wakeup_r, self._wakeup_w = socket.socketpair()
+        self._signal_name = ""
+        try:
+            # Read (and taken out of the environment) before the fork server starts.
+            notifier = Notifier.from_environment()
+        except NotifyError as exc:
+            raise StartupError(str(exc)) from None
+        self.service = ServiceLink(
+            notifier, broker.worker_stall_timeout_ms, int(_STARTUP_TIMEOUT_S * 1000)
+        )
 
     # -- set-up --------------------------------------------------------------------------
 
@@ -203,6 +224,8 @@ class Supervisor:
         worker.process = self.launcher.launch(spec, name=f"mpbroker-{spec.title}")
         worker.started_at = time.monotonic()
         worker.restart_at = None
+        if worker.down_since is None:
+            worker.down_since = worker.started_at
 
     def start_all(self) -> None:
         topology = self.layout.topology
@@ -223,6 +246,7 @@ class Supervisor:
     def wait_ready(self) -> None:
         assert self.control is not None
         deadline = time.monotonic() + _STARTUP_TIMEOUT_S
+        said: list[_Worker] = []
         while True:
             if self.stop_requested():
                 raise StartupError("stopped by a signal while starting")
@@ -233,6 +257,10 @@ class Supervisor:
             ]
             if not missing:
                 return
+            if missing != said:
+                said = missing
+                names = ", ".join(w.spec_title for w in missing)
+                self.service.starting(f"waiting for {names}")
             for w in missing:
                 if w.process is not None and not w.process.is_alive():
                     raise StartupError(
@@ -279,6 +307,10 @@ class Supervisor:
 
     # -- running -------------------------------------------------------------------------
 
+    def stop_reason(self) -> str:
+        """The signal that asked for the stop ("SIGTERM"), for the STOPPING status."""
+        return self._signal_name or "asked to stop"
+
     def stop_requested(self) -> bool:
         """SIGTERM or SIGINT arrived (a method: signal handlers change it behind our back)."""
         return self._stop
@@ -287,6 +319,7 @@ class Supervisor:
         if signum == signal.SIGHUP:
             self._reload = True  # done by the loop, woken by the wake-up fd
             return
+        self._signal_name = signal.Signals(signum).name
         self._stop = True
 
     def install_signals(self) -> None:
@@ -301,7 +334,7 @@ class Supervisor:
         while not self.stop_requested():
             now = time.monotonic()
             timeouts = [w.restart_at - now for w in self.workers if w.restart_at is not None]
-            timeout = max(0.0, min([0.5, *timeouts]))
+            timeout = max(0.0, min([0.5, self.service.next_due(now), *timeouts]))
             sentinels = [self._wakeup_r.fileno()]
             if self.launcher.sentinel is not None:
                 sentinels.append(self.launcher.sentinel.fileno())
@@ -322,6 +355,7 @@ class Supervisor:
             self.watch_launcher()
             self.watch_memory(now)
             self.kill_stalled()
+            self.service.tick(now, self.figures(now))
             for worker in self.workers:
                 process = worker.process
                 if process is not None and not process.is_alive():
@@ -379,6 +413,45 @@ class Supervisor:
                         worker.incarnation,
                     )
 
+    def figures(self, now: float) -> BrokerFigures:
+        """What systemd's STATUS line and watchdog are told of the broker now (cheap: the
+        control block's slots)."""
+        assert self.control is not None
+        now_ms = monotonic_ms()
+        beats = []
+        counters: dict[str, Counters] = {}
+        connections = 0
+        for worker in self.workers:
+            slot = self.control.slot(self._slot_index(worker))
+            process = worker.process
+            ready = slot.state == STATE_READY and process is not None and process.is_alive()
+            if ready:
+                worker.down_since = None
+                worker.after_stall = False
+            elif worker.down_since is None:
+                worker.down_since = now
+            down_ms = 0 if worker.down_since is None else int((now - worker.down_since) * 1000)
+            age = now_ms - slot.heartbeat_ms if slot.heartbeat_ms else None
+            beats.append(WorkerBeat(worker.spec_title, ready, age, down_ms, worker.after_stall))
+            if worker.role == "gateway":
+                connections += slot.counter(GATEWAY_CONNECTIONS)
+            elif worker.role in ("p2p", "pubsub"):
+                counters[worker.spec_title] = Counters(
+                    worker.incarnation,
+                    slot.counter(PIPELINE_RECEIVED),
+                    slot.counter(PIPELINE_DELIVERED),
+                )
+        watch = self.memwatch
+        return BrokerFigures(
+            connections=connections,
+            counters=counters,
+            memory_used=watch.used,
+            max_memory=watch.max_memory,
+            memory_level=watch.level,
+            beats=beats,
+            restarts=sum(w.incarnation for w in self.workers),
+        )
+
     def watch_launcher(self) -> None:
         """A dead fork server: start another. Its workers die with it (each gets SIGTERM)
         and are restarted through the new one as the watch loop finds them dead."""
@@ -409,6 +482,15 @@ class Supervisor:
     def reload(self) -> None:
         """SIGHUP: read the configuration again and hand its flow settings to the workers
         (connections stay open). Settings that need a restart are named in the log."""
+        self.service.reloading()
+        try:
+            self._reload_settings()
+        finally:
+            # Serving on, with the new settings or (after an error, logged) the old ones.
+            now = time.monotonic()
+            self.service.ready(now, self.figures(now))
+
+    def _reload_settings(self) -> None:
         if self.reload_source is None:
             log.warning("SIGHUP: the broker was started without --config: nothing to reload")
             return
@@ -459,6 +541,7 @@ class Supervisor:
                     silent,
                     limit,
                 )
+                worker.after_stall = True
                 process.kill()
                 process.join(5)
 
@@ -513,32 +596,69 @@ class Supervisor:
 
 
 def serve(config: Config, reload_source: Callable[[], Config] | None = None) -> int:
-    """Run the broker in the foreground until SIGTERM/SIGINT; returns the exit code.
+    """Run the broker in the foreground until SIGTERM/SIGINT; returns the exit code (0, or
+    `EXIT_STARTUP` when it could not start: the reason is logged in one line).
 
     A config whose theoretical maximum exceeds memory.max_memory is refused before anything
-    starts: ConfigError naming the modules, their totals and the excess.
+    starts: ConfigError naming the modules, their totals and the excess. So is one whose
+    p2p or pubsub worker count differs from the data dir's (`datadir.PartitionMismatch`).
+    Every count must be resolved (`mpbroker.memory.fit_workers`): 0 is refused here.
     """
+    broker = config.broker
+    for key, value in (
+        ("broker.gateways", broker.gateways),
+        ("broker.p2p_workers", broker.p2p_workers),
+        ("broker.pubsub_workers", broker.pubsub_workers),
+        ("replay.workers", config.replay.workers),
+    ):
+        if not value:
+            raise ConfigError(key, value, "resolve it first (mpbroker.memory.fit_workers)")
     require_fits(config)
-    Path(config.broker.data_dir).mkdir(parents=True, exist_ok=True)
-    supervisor = Supervisor(config, reload_source)
-    supervisor.install_signals()
+    data_dir = Path(broker.data_dir)
+    topology = Topology(broker.p2p_workers, broker.pubsub_workers, config.queues.dead_letter_prefix)
     try:
+        check_data_dir(data_dir)
+        record = read_partitions(data_dir)
+    except DataDirError as exc:
+        log.error("cannot start: %s", exc)
+        return EXIT_STARTUP
+    if record is not None:
+        record.check(topology)
+    try:
+        supervisor = Supervisor(config, reload_source)
+    except StartupError as exc:
+        log.error("cannot start: %s", exc)
+        return EXIT_STARTUP
+    supervisor.install_signals()
+    started = False
+    try:
+        # The port first: a broker that cannot have it starts nothing.
+        supervisor.reserve_port()
+        started = True
         supervisor.start_launcher()
         supervisor.create_segments()
-        supervisor.reserve_port()
+        write_partitions(data_dir, topology)
+        supervisor.service.starting(f"starting {supervisor.layout.workers} workers")
         supervisor.start_all()
         supervisor.wait_ready()
         supervisor.start_admin()
-        log.info("mpbroker ready on %s:%d", config.broker.host, supervisor.port)
+        log.info("mpbroker ready on %s:%d", broker.host, supervisor.port)
+        now = time.monotonic()
+        supervisor.watch_memory(now)  # READY's status line shows the memory in use
+        supervisor.service.ready(now, supervisor.figures(now))
         supervisor.watch()
+        supervisor.service.stopping(supervisor.stop_reason())
         log.info("stopping")
         return 0
     except StartupError as exc:
         if supervisor.stop_requested():
+            supervisor.service.stopping(supervisor.stop_reason())
             return 0
+        supervisor.service.failed(str(exc))
         log.error("cannot start: %s", exc)
-        return 1
+        return EXIT_STARTUP
     finally:
         supervisor.stop_workers()
         supervisor.cleanup()
-        log.info("stopped")
+        if started:
+            log.info("stopped")

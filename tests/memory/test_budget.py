@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from mpbroker.config import Config, KiB, MiB, config_from_mapping, format_bytes, replace_settings
+from mpbroker.config import Config, KiB, MiB, config_from_mapping, format_bytes
 from mpbroker.memory import (
     FIXED_COST_BYTES,
     PER_CONNECTION_BYTES,
@@ -354,22 +354,3 @@ def test_the_worked_example_in_the_docstring_is_the_default_plan() -> None:
     assert f"theoretical maximum = {format_bytes(memory.maximum)}" in doc
     share = f"{100 * memory.headroom / memory.max_memory:.0f} %"
     assert f"{format_bytes(memory.headroom)} headroom ({share})" in doc
-
-
-def test_one_gateway_per_cpu_means_as_many_as_fit_in_max_memory(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    from mpbroker.memory import fit_gateways
-
-    monkeypatch.setattr("os.cpu_count", lambda: 64)
-    config = Config()
-    assert check(config) is not None  # 64 gateways would not fit in 256 MiB
-    fitted, note = fit_gateways(config)
-    gateways = fitted.broker.gateways
-    assert 1 <= gateways < 64 and check(fitted) is None
-    assert check(replace_settings(fitted, "broker", gateways=gateways + 1)) is not None  # the most
-    assert note.startswith(f"gateways: {gateways} of 64 CPUs (broker.gateways = 0)")
-    explicit = replace_settings(Config(), "broker", gateways=64)
-    assert fit_gateways(explicit) == (explicit, "")  # an explicit count is not changed
-    monkeypatch.setattr("os.cpu_count", lambda: 2)
-    assert fit_gateways(Config()) == (Config(), "")

@@ -1,0 +1,25 @@
+"""The counters of a worker's control-block slot, by role: the worker writes them, the
+supervisor (systemd's STATUS line) and the gateways (the connection limit) read them."""
+
+from __future__ import annotations
+
+from typing import Final
+
+__all__ = [
+    "GATEWAY_CONNECTIONS",
+    "GATEWAY_FRAMES_IN",
+    "PIPELINE_DELIVERED",
+    "PIPELINE_RECEIVED",
+    "REPLAY_BATCHES",
+    "REPLAY_MESSAGES",
+]
+
+GATEWAY_CONNECTIONS: Final = 0
+GATEWAY_FRAMES_IN: Final = 1
+
+# Totals since the pipeline started (each incarnation counts from 0).
+PIPELINE_RECEIVED: Final = 0
+PIPELINE_DELIVERED: Final = 1
+
+REPLAY_BATCHES: Final = 0
+REPLAY_MESSAGES: Final = 1

@@ -1,0 +1,193 @@
+"""The data directory before anything starts: is it usable, and which partitioning was it
+made with.
+
+Checked first (`check_data_dir`), so that a data dir that is a file, on a read-only
+filesystem or not ours ends the start with one line naming it and the reason, rather than
+with every worker's traceback.
+
+The partitioning (`PartitionRecord`): every queue and topic lives in the store of the
+pipeline its name hashes to (`mpbroker.routing`), so the number of p2p and pubsub workers,
+and the dead-letter prefix (a DLQ lives with its queue), decide where a message is looked
+for. Started with other numbers, the broker would look in the wrong stores, and the
+messages in the others would never be delivered. The supervisor records them in the data
+dir (`mpbroker-partitions.json`); a start with other explicit numbers is refused
+(`PartitionMismatch`, a ConfigError: exit code 2), and `0` (one per CPU) keeps the recorded
+ones (`mpbroker.memory.fit_workers`). A data dir from before
+the record is read from its store directories' names.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import stat
+from dataclasses import dataclass
+from pathlib import Path
+
+from mpbroker.config import ConfigError
+from mpbroker.routing import Topology
+
+__all__ = [
+    "PARTITIONS_FILE",
+    "DataDirError",
+    "PartitionMismatch",
+    "PartitionRecord",
+    "check_data_dir",
+    "read_partitions",
+    "write_partitions",
+]
+
+PARTITIONS_FILE = "mpbroker-partitions.json"
+_PROBE = ".mpbroker-write-probe"
+_STORE_DIR = re.compile(r"(p2p|pubsub)-(\d+)")
+
+
+class DataDirError(RuntimeError):
+    """The data directory cannot be used; the message names it and says why."""
+
+    def __init__(self, path: Path, why: str) -> None:
+        self.path = path
+        self.why = why
+        super().__init__(f"data dir {path}: {why}")
+
+
+def _reason(exc: OSError) -> str:
+    return exc.strerror or str(exc)
+
+
+def _probe(directory: Path) -> None:
+    """Create and remove a file in `directory` (`access(2)` says yes to root even on a
+    read-only filesystem: only trying tells)."""
+    probe = directory / _PROBE
+    try:
+        fd = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        os.close(fd)
+        probe.unlink()
+    except OSError as exc:
+        raise DataDirError(directory, f"not writable ({_reason(exc)})") from None
+
+
+def check_data_dir(path: Path) -> None:
+    """Make the data dir if it is missing and check the broker can write in it and in the
+    store directories already there; DataDirError naming what is wrong otherwise."""
+    try:
+        if not stat.S_ISDIR(path.stat().st_mode):
+            raise DataDirError(path, "not a directory")
+    except FileNotFoundError:
+        pass  # made below
+    except OSError as exc:  # a directory on the way that is not ours, say
+        raise DataDirError(path, f"cannot reach it ({_reason(exc)})") from None
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise DataDirError(path, f"cannot create it ({_reason(exc)})") from None
+    _probe(path)
+    try:
+        entries = list(path.iterdir())
+    except OSError as exc:
+        raise DataDirError(path, f"cannot list it ({_reason(exc)})") from None
+    for entry in entries:
+        if _STORE_DIR.fullmatch(entry.name) or entry.name.endswith("-temp"):
+            if not entry.is_dir():
+                raise DataDirError(entry, "not a directory (a store directory is expected)")
+            _probe(entry)
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionRecord:
+    """How a data dir's destinations are partitioned over its stores."""
+
+    p2p_workers: int
+    pubsub_workers: int
+    dead_letter_prefix: str | None  # None: not known (a data dir from before the record)
+    source: str  # where it was read from: the record file, or the store directories
+
+    def check(self, topology: Topology) -> None:
+        """PartitionMismatch if `topology` partitions destinations unlike these stores."""
+        if topology.p2p != self.p2p_workers:
+            raise PartitionMismatch("broker.p2p_workers", topology.p2p, self.p2p_workers, self)
+        if topology.pubsub != self.pubsub_workers:
+            raise PartitionMismatch(
+                "broker.pubsub_workers", topology.pubsub, self.pubsub_workers, self
+            )
+        # The prefix decides a DLQ's pipeline only when there is more than one.
+        prefix = self.dead_letter_prefix
+        if self.p2p_workers > 1 and prefix is not None and topology.dead_letter_prefix != prefix:
+            raise PartitionMismatch(
+                "queues.dead_letter_prefix", topology.dead_letter_prefix, prefix, self
+            )
+
+
+class PartitionMismatch(ConfigError):
+    """Settings that would partition destinations unlike the data dir's stores."""
+
+    def __init__(self, key: str, value: object, recorded: object, record: PartitionRecord) -> None:
+        self.recorded = recorded
+        self.record = record
+        super().__init__(
+            key,
+            value,
+            f"the data dir's stores were made with {recorded!r} ({record.source}): each "
+            "destination's messages are in the store its name hashes to, and with another "
+            f"value they would not be found. Set {key} = {recorded!r}"
+            + (" (or 0)" if key != "queues.dead_letter_prefix" else "")
+            + ", or start with an empty data dir",
+        )
+
+
+def read_partitions(data_dir: Path) -> PartitionRecord | None:
+    """The partitioning the data dir was made with, None for a new (or storeless) one."""
+    record = data_dir / PARTITIONS_FILE
+    try:
+        text: str | None = record.read_text()
+    except (FileNotFoundError, NotADirectoryError):
+        text = None
+    except OSError as exc:
+        raise DataDirError(record, f"unreadable ({exc.strerror or exc})") from None
+    if text is not None:
+        try:
+            data = json.loads(text)
+            return PartitionRecord(
+                int(data["p2p_workers"]),
+                int(data["pubsub_workers"]),
+                str(data["dead_letter_prefix"]),
+                f"recorded in {PARTITIONS_FILE}",
+            )
+        except (ValueError, KeyError, TypeError) as exc:
+            raise DataDirError(
+                record,
+                f"damaged ({exc!r}); remove it to read the partitioning from the store directories",
+            ) from None
+    # A data dir of a broker from before the record: the store directories tell.
+    p2p: set[int] = set()
+    pubsub: set[int] = set()
+    with contextlib.suppress(OSError):
+        for entry in data_dir.iterdir():
+            found = _STORE_DIR.fullmatch(entry.name)
+            if found and entry.is_dir():
+                (p2p if found[1] == "p2p" else pubsub).add(int(found[2]))
+    if not p2p and not pubsub:
+        return None
+    return PartitionRecord(len(p2p), len(pubsub), None, "seen in its store directories' names")
+
+
+def write_partitions(data_dir: Path, topology: Topology) -> None:
+    """Record `topology` in the data dir (atomically, owner-only)."""
+    record = data_dir / PARTITIONS_FILE
+    text = json.dumps(
+        {
+            "p2p_workers": topology.p2p,
+            "pubsub_workers": topology.pubsub,
+            "dead_letter_prefix": topology.dead_letter_prefix,
+        },
+        indent=2,
+    )
+    tmp = record.with_suffix(".tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as out:
+        out.write(text + "\n")
+        out.flush()
+        os.fsync(out.fileno())
+    os.replace(tmp, record)

@@ -1,0 +1,105 @@
+"""The data dir before anything starts: usable or not (and why), and the partitioning its
+stores were made with."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+from pathlib import Path
+
+import pytest
+
+from mpbroker.config import ConfigError
+from mpbroker.routing import Topology
+from mpbroker.workers.datadir import (
+    PARTITIONS_FILE,
+    DataDirError,
+    PartitionMismatch,
+    check_data_dir,
+    read_partitions,
+    write_partitions,
+)
+from tests.filesystems import small_tmpfs
+
+
+def test_a_missing_data_dir_is_made(tmp_path: Path) -> None:
+    check_data_dir(tmp_path / "a" / "b")
+    assert (tmp_path / "a" / "b").is_dir()
+    assert list((tmp_path / "a" / "b").iterdir()) == []  # the probe is gone
+
+
+def test_a_data_dir_that_is_a_file_is_named(tmp_path: Path) -> None:
+    (tmp_path / "file").write_text("")
+    with pytest.raises(DataDirError) as caught:
+        check_data_dir(tmp_path / "file")
+    assert str(caught.value) == f"data dir {tmp_path / 'file'}: not a directory"
+    with pytest.raises(DataDirError, match="cannot reach it \\(Not a directory\\)"):
+        check_data_dir(tmp_path / "file" / "sub")
+
+
+def test_a_store_directory_that_is_a_file_is_named(tmp_path: Path) -> None:
+    (tmp_path / "p2p-0").write_text("")
+    with pytest.raises(DataDirError, match="p2p-0: not a directory \\(a store directory"):
+        check_data_dir(tmp_path)
+
+
+def test_a_read_only_filesystem_is_named(tmp_path: Path) -> None:
+    with small_tmpfs(tmp_path / "ro", "1m", read_only=True) as mount:
+        with pytest.raises(DataDirError) as caught:
+            check_data_dir(mount)
+        assert str(caught.value) == f"data dir {mount}: not writable (Read-only file system)"
+        with pytest.raises(DataDirError, match="cannot create it \\(Read-only file system\\)"):
+            check_data_dir(mount / "sub")
+
+
+def test_partitions_are_recorded_owner_only_and_read_back(tmp_path: Path) -> None:
+    assert read_partitions(tmp_path) is None  # a new data dir
+    write_partitions(tmp_path, Topology(3, 2, "DLQ."))
+    path = tmp_path / PARTITIONS_FILE
+    assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
+    record = read_partitions(tmp_path)
+    assert record is not None
+    assert (record.p2p_workers, record.pubsub_workers, record.dead_letter_prefix) == (3, 2, "DLQ.")
+    record.check(Topology(3, 2, "DLQ."))
+
+
+def test_a_data_dir_from_before_the_record_is_read_from_its_store_names(tmp_path: Path) -> None:
+    for name in ("p2p-0", "p2p-1", "pubsub-2", "p2p-0-temp", "pubsub-2-temp"):
+        (tmp_path / name).mkdir()
+    (tmp_path / "pubsub-2-durable.db").write_text("")
+    record = read_partitions(tmp_path)
+    assert record is not None
+    assert (record.p2p_workers, record.pubsub_workers, record.dead_letter_prefix) == (2, 1, None)
+    record.check(Topology(2, 1, "anything."))  # the prefix is not known: not checked
+
+
+def test_other_counts_are_refused_naming_the_setting(tmp_path: Path) -> None:
+    write_partitions(tmp_path, Topology(2, 1, "DLQ."))
+    record = read_partitions(tmp_path)
+    assert record is not None
+    with pytest.raises(PartitionMismatch) as caught:
+        record.check(Topology(1, 1, "DLQ."))
+    assert isinstance(caught.value, ConfigError)  # exit code 2, like any refused setting
+    assert str(caught.value).startswith(
+        "config: broker.p2p_workers = 1: the data dir's stores were made with 2 (recorded in "
+        f"{PARTITIONS_FILE}): each destination's messages are in the store its name hashes to"
+    )
+    assert "Set broker.p2p_workers = 2 (or 0)" in str(caught.value)
+    with pytest.raises(PartitionMismatch, match=r"broker\.pubsub_workers = 3"):
+        record.check(Topology(2, 3, "DLQ."))
+    with pytest.raises(PartitionMismatch, match=r"queues\.dead_letter_prefix = 'X\.'"):
+        record.check(Topology(2, 1, "X."))
+
+
+def test_the_dead_letter_prefix_matters_only_with_several_p2p_workers(tmp_path: Path) -> None:
+    write_partitions(tmp_path, Topology(1, 1, "DLQ."))
+    record = read_partitions(tmp_path)
+    assert record is not None
+    record.check(Topology(1, 1, "X."))
+
+
+def test_a_damaged_record_is_named(tmp_path: Path) -> None:
+    (tmp_path / PARTITIONS_FILE).write_text(json.dumps({"p2p_workers": 1}))
+    with pytest.raises(DataDirError, match=f"{PARTITIONS_FILE}: damaged"):
+        read_partitions(tmp_path)
