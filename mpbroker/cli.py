@@ -80,6 +80,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     """
     from setproctitle import setproctitle
 
+    from mpbroker.host import open_files_needed, raise_open_files
     from mpbroker.logs import setup_logging
     from mpbroker.memory import require_fits
     from mpbroker.workers.datadir import check_data_dir
@@ -98,6 +99,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
     for note in counts.notes:
         log.warning("%s", note)
     log.debug("%s", cpus.why())
+    # Before the fork server starts: every worker inherits it.
+    files = raise_open_files(open_files_needed(config.broker.max_connections))
+    if files is not None:
+        log.warning("%s", files)
     # SIGHUP reads the same file again, with the same command-line overrides and counts.
     reload_source = (
         (lambda: _fit_workers(_apply_overrides(load_config(args.config), args))[0].config)
