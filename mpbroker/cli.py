@@ -87,6 +87,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from mpbroker.workers.supervisor import serve
 
     config = _apply_overrides(load_config(args.config), args)
+    # A data dir that is there must be usable before its partitions are read from it.
+    check_data_dir(Path(config.broker.data_dir), create=False)
     counts, cpus = _fit_workers(config)
     config = counts.config
     # Refused before anything starts, the data dir included (the supervisor checks again,

@@ -19,6 +19,7 @@ the record is read from its store directories' names.
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import re
@@ -66,17 +67,23 @@ def _probe(directory: Path) -> None:
         os.close(fd)
         probe.unlink()
     except OSError as exc:
+        # A full filesystem is ours to write once there is room: the stores start on one
+        # (their disk reserve) and drain it (persistence.md, "A full disk").
+        if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            return
         raise DataDirError(directory, f"not writable ({_reason(exc)})") from None
 
 
-def check_data_dir(path: Path) -> None:
-    """Make the data dir if it is missing and check the broker can write in it and in the
-    store directories already there; DataDirError naming what is wrong otherwise."""
+def check_data_dir(path: Path, *, create: bool = True) -> None:
+    """Make the data dir if it is missing (`create`; else a missing one is fine) and check
+    the broker can write in it and in the store directories already there; DataDirError
+    naming what is wrong otherwise."""
     try:
         if not stat.S_ISDIR(path.stat().st_mode):
             raise DataDirError(path, "not a directory")
     except FileNotFoundError:
-        pass  # made below
+        if not create:
+            return
     except OSError as exc:  # a directory on the way that is not ours, say
         raise DataDirError(path, f"cannot reach it ({_reason(exc)})") from None
     try:
@@ -173,21 +180,36 @@ def read_partitions(data_dir: Path) -> PartitionRecord | None:
     return PartitionRecord(len(p2p), len(pubsub), None, "seen in its store directories' names")
 
 
-def write_partitions(data_dir: Path, topology: Topology) -> None:
-    """Record `topology` in the data dir (atomically, owner-only)."""
+def write_partitions(data_dir: Path, topology: Topology) -> str | None:
+    """Record `topology` in the data dir (atomically, owner-only), unless it holds it
+    already; why it could not, or None. (On a full filesystem it cannot: the next start then
+    reads the counts from the store directories' names, as for a data dir from before the
+    record.)"""
     record = data_dir / PARTITIONS_FILE
-    text = json.dumps(
-        {
-            "p2p_workers": topology.p2p,
-            "pubsub_workers": topology.pubsub,
-            "dead_letter_prefix": topology.dead_letter_prefix,
-        },
-        indent=2,
+    text = (
+        json.dumps(
+            {
+                "p2p_workers": topology.p2p,
+                "pubsub_workers": topology.pubsub,
+                "dead_letter_prefix": topology.dead_letter_prefix,
+            },
+            indent=2,
+        )
+        + "\n"
     )
+    with contextlib.suppress(OSError):
+        if record.read_text() == text:
+            return None
     tmp = record.with_suffix(".tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as out:
-        out.write(text + "\n")
-        out.flush()
-        os.fsync(out.fileno())
-    os.replace(tmp, record)
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as out:
+            out.write(text)
+            out.flush()
+            os.fsync(out.fileno())
+        os.replace(tmp, record)
+    except OSError as exc:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        return f"cannot record the partitions in {record} ({_reason(exc)})"
+    return None

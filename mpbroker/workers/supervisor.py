@@ -637,7 +637,9 @@ def serve(config: Config, reload_source: Callable[[], Config] | None = None) -> 
         started = True
         supervisor.start_launcher()
         supervisor.create_segments()
-        write_partitions(data_dir, topology)
+        problem = write_partitions(data_dir, topology)
+        if problem is not None:
+            log.warning("%s: the next start reads them from the store directories", problem)
         supervisor.service.starting(f"starting {supervisor.layout.workers} workers")
         supervisor.start_all()
         supervisor.wait_ready()

@@ -20,7 +20,7 @@ from mpbroker.workers.datadir import (
     read_partitions,
     write_partitions,
 )
-from tests.filesystems import small_tmpfs
+from tests.filesystems import fill, small_tmpfs
 
 
 def test_a_missing_data_dir_is_made(tmp_path: Path) -> None:
@@ -103,3 +103,23 @@ def test_a_damaged_record_is_named(tmp_path: Path) -> None:
     (tmp_path / PARTITIONS_FILE).write_text(json.dumps({"p2p_workers": 1}))
     with pytest.raises(DataDirError, match=f"{PARTITIONS_FILE}: damaged"):
         read_partitions(tmp_path)
+
+
+def test_a_full_filesystem_is_usable_and_the_record_says_why_it_is_missing(
+    tmp_path: Path,
+) -> None:
+    """The stores start on a full filesystem (their disk reserve): so does the check. The
+    record cannot be written there, which is said, not raised."""
+    with small_tmpfs(tmp_path / "full", "1m") as mount:
+        fill(mount / "filler")
+        check_data_dir(mount)
+        problem = write_partitions(mount, Topology(1, 1, "DLQ."))
+        assert problem == (
+            f"cannot record the partitions in {mount / PARTITIONS_FILE} (No space left on device)"
+        )
+        assert sorted(p.name for p in mount.iterdir()) == ["filler"]  # no temporary file left
+        (mount / "filler").unlink()
+        assert write_partitions(mount, Topology(1, 1, "DLQ.")) is None
+        before = (mount / PARTITIONS_FILE).stat().st_mtime_ns
+        assert write_partitions(mount, Topology(1, 1, "DLQ.")) is None  # the same: not rewritten
+        assert (mount / PARTITIONS_FILE).stat().st_mtime_ns == before
