@@ -105,13 +105,30 @@ def cmd_serve(args: argparse.Namespace) -> int:
     files = raise_open_files(open_files_needed(config.broker.max_connections))
     if files is not None:
         log.warning("%s", files)
-    # SIGHUP reads the same file again, with the same command-line overrides and counts.
+    # SIGHUP reads the same file again, with the same command-line overrides. Worker counts
+    # are not reloaded: a 0 in the file stands for the count running now.
+    running = config
     reload_source = (
-        (lambda: _fit_workers(_apply_overrides(load_config(args.config), args))[0].config)
+        (lambda: _same_counts(_apply_overrides(load_config(args.config), args), running))
         if args.config
         else None
     )
     return serve(config, reload_source)
+
+
+def _same_counts(config: Config, running: Config) -> Config:
+    """`config` with each worker count of 0 replaced by `running`'s."""
+    broker, now = config.broker, running.broker
+    config = replace_settings(
+        config,
+        "broker",
+        gateways=broker.gateways or now.gateways,
+        p2p_workers=broker.p2p_workers or now.p2p_workers,
+        pubsub_workers=broker.pubsub_workers or now.pubsub_workers,
+    )
+    return replace_settings(
+        config, "replay", workers=config.replay.workers or running.replay.workers
+    )
 
 
 def cmd_config_show(args: argparse.Namespace) -> int:
@@ -496,6 +513,20 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _error_prefix(args: argparse.Namespace) -> str:
+    """`<3>` (error) when stderr is the journal, so that a refused start is filed as an
+    error (`journalctl -p err`), not at the stream's default priority."""
+    from mpbroker.logs import log_format
+
+    chosen = getattr(args, "log_format", None) or "auto"
+    try:
+        fd = sys.stderr.fileno()
+    except (OSError, ValueError):  # not a file (a test capturing it)
+        return ""
+    journal = log_format(chosen, os.environ.get("JOURNAL_STREAM"), fd)
+    return "<3>" if journal == "journal" else ""
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     from mpbroker.workers.datadir import DataDirError
 
@@ -504,7 +535,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         result: int = args.func(args)
     except (ConfigError, DataDirError) as exc:
-        print(f"mpbroker: {exc}", file=sys.stderr)
+        print(f"{_error_prefix(args)}mpbroker: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130

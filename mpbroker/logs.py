@@ -75,15 +75,16 @@ class LineFormatter(logging.Formatter):
 
 
 class JournalFormatter(LineFormatter):
-    """For journald (systemd's stdout/stderr stream): every line starts with its syslog
-    priority (`<3>` for ERROR, sd-daemon(3)'s prefixes), which journald takes as the
-    entry's priority (`journalctl -p warning`), and carries no time of its own. A traceback
-    keeps its lines, each with the prefix, so none of them falls back to the stream's
-    default priority."""
+    """For journald (systemd's stdout/stderr stream): one line per event, starting with
+    its syslog priority (`<3>` for ERROR, sd-daemon(3)'s prefixes), which journald takes as
+    the entry's priority (`journalctl -p warning`), and with no time of its own. The stream
+    makes an entry of every line, so a traceback is folded into its event's line with its
+    newlines written `\\n` (as `client_text` escapes them): one entry, at the event's
+    priority, not thirty at the stream's default."""
 
     def format(self, record: logging.LogRecord) -> str:
-        prefix = f"<{journal_priority(record.levelno)}>"
-        return "\n".join(prefix + line for line in super().format(record).split("\n"))
+        text = super().format(record).replace("\n", "\\n")
+        return f"<{journal_priority(record.levelno)}>{text}"
 
 
 def journal_priority(levelno: int) -> int:

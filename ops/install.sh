@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Install mpbroker from this checkout as a systemd service:
 #
-#   sudo bash ops/install.sh [--prefix /opt/mpbroker] [--extras spark] [--root DIR]
+#   sudo bash ops/install.sh [--prefix /opt/mpbroker] [--extras export] [--root DIR]
 #
 # It makes a venv at PREFIX and installs the checkout into it (never the `mpbroker` package
 # on PyPI: that name belongs to an unrelated project), creates the system user mpbroker,
@@ -15,7 +15,7 @@ set -euo pipefail
 usage() {
     echo "usage: sudo bash ops/install.sh [--prefix DIR] [--extras LIST] [--root DIR]" >&2
     echo "  --prefix DIR   where the venv goes (default /opt/mpbroker)" >&2
-    echo "  --extras LIST  extras to install, e.g. spark (needed by mpbroker-export.timer)" >&2
+    echo "  --extras LIST  extras to install: export (pyarrow, for mpbroker-export.timer), spark" >&2
     echo "  --root DIR     install into DIR instead of / (no useradd, chown or systemctl)" >&2
 }
 
@@ -175,6 +175,6 @@ Next steps:
   journalctl -u mpbroker -f            # follow its log
   systemctl reload mpbroker            # after editing /etc/mpbroker/mpbroker.toml (flow settings)
 EOF
-if [[ ",$extras," == *,spark,* ]]; then
+if [[ ",$extras," == *,export,* || ",$extras," == *,spark,* ]]; then
     echo "  systemctl enable --now mpbroker-export.timer   # the hourly Parquet export"
 fi

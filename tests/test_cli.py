@@ -32,6 +32,13 @@ SUBCOMMANDS = [path for path in COMMANDS if path]
 BUDGET_HEADER = "# Memory budget: the most each module can hold (instances x each, total)"
 
 
+@pytest.fixture(autouse=True)
+def _elsewhere(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Run in an empty directory: `config show` reads the default data dir, ./mpbroker-data,
+    which a broker started from the checkout (`bash ops/run.sh`) leaves behind."""
+    monkeypatch.chdir(tmp_path)
+
+
 def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
     code = main(list(argv))
     out, err = capsys.readouterr()

@@ -164,11 +164,11 @@ def test_journal_lines_carry_their_priority_and_no_time() -> None:
     except ValueError:
         record = logging.LogRecord("x", logging.ERROR, __file__, 1, "crashed", (), sys.exc_info())
     record.process = 42
-    lines = formatter.format(record).split("\n")
-    # A traceback keeps its lines, every one at the record's priority.
-    assert lines[0] == "<3>supervisor[42] ERROR crashed"
-    assert len(lines) > 2 and all(line.startswith("<3>") for line in lines)
-    assert lines[-1] == "<3>ValueError: boom"
+    text = formatter.format(record)
+    # One entry: the traceback folded into the event's line, at its priority.
+    assert "\n" not in text
+    assert text.startswith("<3>supervisor[42] ERROR crashed\\nTraceback (most recent call last):")
+    assert text.endswith("\\nValueError: boom")
 
 
 @pytest.mark.parametrize(

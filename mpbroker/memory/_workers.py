@@ -14,6 +14,7 @@ they do not fit is refused at start, naming the modules).
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from mpbroker.config import Config, format_bytes, replace_settings
@@ -63,9 +64,11 @@ def fit_workers(config: Config, cpus: int, pinned: tuple[int, int] | None = None
     auto: list[str] = []
     for section, name, _label in _KINDS:
         key = f"{section}.{name}"
-        value = int(getattr(getattr(config, section), name))
+        settings = getattr(config, section)
+        value = int(getattr(settings, name))
         if value:
-            values[key], whys[key] = value, "set"
+            default = {f.name: f.default for f in dataclasses.fields(settings)}[name]
+            values[key], whys[key] = value, "the default" if value == default else "set"
             continue
         if pinned is not None and name in ("p2p_workers", "pubsub_workers"):
             kept = pinned[0] if name == "p2p_workers" else pinned[1]
@@ -98,7 +101,11 @@ def fit_workers(config: Config, cpus: int, pinned: tuple[int, int] | None = None
                 f"{format_bytes(config.memory.max_memory)}"
             )
             whys[key] += f", trimmed to {trim}"
-            notes.append(f"{label}: {trim} ({key} = 0)")
+            note = f"{label}: {trim} ({key} = 0)"
+            if name in ("p2p_workers", "pubsub_workers"):
+                # Recorded with the data dir's partitions: raising max_memory later keeps it.
+                note += "; a new data dir keeps this count"
+            notes.append(note)
     counts = tuple(
         WorkerCount(f"{s}.{n}", values[f"{s}.{n}"], whys[f"{s}.{n}"]) for s, n, _ in _KINDS
     )

@@ -40,9 +40,11 @@ class WorkerBeat:
 
 @dataclass(frozen=True, slots=True)
 class StalledWorker:
-    """A worker that makes the broker unhealthy, and why."""
+    """A worker that makes the broker unhealthy: `kind` says which way ("silent",
+    "restarting", "not ready"), `why` says it for a person, with how long."""
 
     title: str
+    kind: str
     why: str
 
     def text(self) -> str:
@@ -59,11 +61,15 @@ def stalled(
         age = worker.heartbeat_age_ms
         if worker.ready:
             if stall_timeout_ms and age is not None and age > stall_timeout_ms:
-                found.append(StalledWorker(worker.title, f"silent for {age / 1000:.1f} s"))
+                found.append(
+                    StalledWorker(worker.title, "silent", f"silent for {age / 1000:.1f} s")
+                )
         elif worker.after_stall:
-            found.append(StalledWorker(worker.title, "restarting after a stall"))
+            found.append(StalledWorker(worker.title, "restarting", "restarting after a stall"))
         elif worker.down_ms > startup_timeout_ms:
             found.append(
-                StalledWorker(worker.title, f"not ready for {worker.down_ms / 1000:.0f} s")
+                StalledWorker(
+                    worker.title, "not ready", f"not ready for {worker.down_ms / 1000:.0f} s"
+                )
             )
     return found

@@ -139,9 +139,5 @@ class Notifier:
     def watchdog(self) -> bool:
         return self.send(WATCHDOG=1)
 
-    def extend_timeout(self, seconds: float, status: str) -> bool:
-        """Ask for `seconds` more to finish starting or stopping (EXTEND_TIMEOUT_USEC)."""
-        return self.send(EXTEND_TIMEOUT_USEC=int(seconds * 1_000_000), STATUS=status)
-
     def close(self) -> None:
         self._sock.close()

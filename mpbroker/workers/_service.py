@@ -95,7 +95,10 @@ class ServiceLink:
     def tick(self, now: float, figures: BrokerFigures) -> None:
         """Once per turn of the supervisor's loop."""
         problems = stalled(figures.beats, self.stall_timeout_ms, self.startup_timeout_ms)
-        changed = [p.text() for p in problems] != [p.text() for p in self._problems]
+        # Which workers and which way, not how long: the seconds change every turn.
+        changed = [(p.title, p.kind) for p in problems] != [
+            (p.title, p.kind) for p in self._problems
+        ]
         if changed and self.watchdog_s is not None:
             if problems and not self._problems:
                 log.warning(

@@ -48,7 +48,7 @@ from ._layout import Layout, WorkerSpec, reloaded_config
 from ._service import BrokerFigures, ServiceLink
 from .datadir import DataDirError, check_data_dir, read_partitions, write_partitions
 
-__all__ = ["EXIT_STARTUP", "StartupError", "serve"]
+__all__ = ["EXIT_FAILED", "EXIT_REFUSED", "StartupError", "serve"]
 
 log = logging.getLogger("mpbroker.supervisor")
 
@@ -59,12 +59,20 @@ _FIRST_BACKOFF_S = 0.1
 _STARTUP_TIMEOUT_S = 60.0
 
 
-# Exit code of a broker that could not start (as for a refused configuration).
-EXIT_STARTUP = 2
+# Exit codes of a broker that did not start. 2: it refused what it was given (a setting,
+# the data dir, the environment): starting again cannot help, so systemd does not
+# (RestartPreventExitStatus=2). 1: it could not start now (a port in use, a worker that
+# failed while starting): another try may work.
+EXIT_REFUSED = 2
+EXIT_FAILED = 1
 
 
 class StartupError(RuntimeError):
-    """The broker could not start; the message says why."""
+    """The broker could not start; the message says why, `exit_code` how it ends."""
+
+    def __init__(self, message: str, exit_code: int = EXIT_FAILED) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
 
 
 @dataclass(eq=False)
@@ -125,7 +133,7 @@ class Supervisor:
             # Read (and taken out of the environment) before the fork server starts.
             notifier = Notifier.from_environment()
         except NotifyError as exc:
-            raise StartupError(str(exc)) from None
+            raise StartupError(str(exc), EXIT_REFUSED) from None
         self.service = ServiceLink(
             notifier, broker.worker_stall_timeout_ms, int(_STARTUP_TIMEOUT_S * 1000)
         )
@@ -496,7 +504,7 @@ class Supervisor:
             return
         try:
             effective, ignored = reload_flow_settings(self.config, self.reload_source())
-        except ConfigError as exc:
+        except (ConfigError, OSError) as exc:  # a bad value; the file gone or unreadable
             log.error("SIGHUP: configuration not reloaded: %s", exc)
             return
         # The reloaded limits (the VolQueueStore's, the live buffer's) are memory budgets.
@@ -510,8 +518,13 @@ class Supervisor:
             )
         path = reloaded_config(self.config, self.instance)
         tmp = path.with_suffix(".tmp")
-        tmp.write_bytes(pickle.dumps(effective))
-        os.replace(tmp, path)
+        try:
+            tmp.write_bytes(pickle.dumps(effective))
+            os.replace(tmp, path)
+        except OSError as exc:  # a full disk: the workers keep the settings they have
+            log.error("SIGHUP: configuration not reloaded: cannot write %s: %s", path, exc)
+            tmp.unlink(missing_ok=True)
+            return
         self.config = effective  # restarted workers start with it too
         assert self.control is not None
         self.control.config_generation += 1
@@ -597,7 +610,8 @@ class Supervisor:
 
 def serve(config: Config, reload_source: Callable[[], Config] | None = None) -> int:
     """Run the broker in the foreground until SIGTERM/SIGINT; returns the exit code (0, or
-    `EXIT_STARTUP` when it could not start: the reason is logged in one line).
+    `EXIT_REFUSED` or `EXIT_FAILED` when it did not start: the reason is logged in one
+    line).
 
     A config whose theoretical maximum exceeds memory.max_memory is refused before anything
     starts: ConfigError naming the modules, their totals and the excess. So is one whose
@@ -621,14 +635,14 @@ def serve(config: Config, reload_source: Callable[[], Config] | None = None) -> 
         record = read_partitions(data_dir)
     except DataDirError as exc:
         log.error("cannot start: %s", exc)
-        return EXIT_STARTUP
+        return EXIT_REFUSED
     if record is not None:
         record.check(topology)
     try:
         supervisor = Supervisor(config, reload_source)
     except StartupError as exc:
         log.error("cannot start: %s", exc)
-        return EXIT_STARTUP
+        return exc.exit_code
     supervisor.install_signals()
     started = False
     try:
@@ -658,7 +672,7 @@ def serve(config: Config, reload_source: Callable[[], Config] | None = None) -> 
             return 0
         supervisor.service.failed(str(exc))
         log.error("cannot start: %s", exc)
-        return EXIT_STARTUP
+        return exc.exit_code
     finally:
         supervisor.stop_workers()
         supervisor.cleanup()

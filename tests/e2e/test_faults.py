@@ -332,7 +332,8 @@ def test_a_second_broker_on_the_same_port_is_refused(
         text=True,
         timeout=60,
     )
-    assert result.returncode == 2
+    # 1, not 2: the port may be free on the next try (systemd restarts on 1, not on 2).
+    assert result.returncode == 1
     # One line: nothing was started, so nothing else is said.
     assert result.stderr.count("\n") == 1, result.stderr
     assert f"cannot listen on 127.0.0.1:{first.port}: Address already in use" in result.stderr

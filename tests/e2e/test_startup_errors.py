@@ -13,8 +13,10 @@ from pathlib import Path
 
 import pytest
 
+from mpbroker.config import Config, load_config
 from mpbroker.harness import BrokerProcess, RawClient
 from mpbroker.host import usable_cpus
+from mpbroker.memory import fit_workers
 from tests.filesystems import small_tmpfs
 
 pytestmark = pytest.mark.slow
@@ -23,6 +25,12 @@ pytestmark = pytest.mark.slow
 def serve(*args: str, prefix: tuple[str, ...] = ()) -> subprocess.CompletedProcess[str]:
     command = [*prefix, sys.executable, "-m", "mpbroker", "serve", "--port", "0", *args]
     return subprocess.run(command, capture_output=True, text=True, timeout=60)
+
+
+def load_config_text(text: str, where: Path) -> Config:
+    path = where / "expected.toml"
+    path.write_text(text)
+    return load_config(path)
 
 
 def refused(result: subprocess.CompletedProcess[str], line: str) -> None:
@@ -87,12 +95,16 @@ def test_every_kind_of_worker_one_per_cpu_and_the_partitions_kept(tmp_path: Path
         "[broker]\ngateways = 0\np2p_workers = 0\npubsub_workers = 0\n"
         "[replay]\nworkers = 0\n[memory]\nmax_memory = '2GiB'\n"
     )
+    # One per usable CPU, unless a machine with many CPUs cannot fit them in 2 GiB.
+    b = fit_workers(load_config_text(config, tmp_path), cpus).config
+    expected = {"gateway": b.broker.gateways, "p2p": b.broker.p2p_workers}
+    expected |= {"pubsub": b.broker.pubsub_workers, "replay": b.replay.workers}
+    if cpus <= 4:
+        assert set(expected.values()) == {cpus}
     data = tmp_path / "data"
     with BrokerProcess(config=config, data_dir=data) as broker:
         titles = sorted(broker.workers())
-        assert titles == sorted(
-            f"{kind} {i}" for kind in ("gateway", "p2p", "pubsub", "replay") for i in range(cpus)
-        )
+        assert titles == sorted(f"{kind} {i}" for kind, n in expected.items() for i in range(n))
         client = RawClient(broker.host, broker.port)
         try:
             client.connect()
@@ -113,7 +125,7 @@ def test_every_kind_of_worker_one_per_cpu_and_the_partitions_kept(tmp_path: Path
         pass
     with BrokerProcess(config=config, data_dir=other) as broker:
         assert sum(t.startswith("p2p") for t in broker.workers()) == 1
-        assert sum(t.startswith("gateway") for t in broker.workers()) == cpus
+        assert sum(t.startswith("gateway") for t in broker.workers()) == expected["gateway"]
     # ...and other explicit counts are refused.
     explicit = tmp_path / "two.toml"
     explicit.write_text("[broker]\np2p_workers = 2\n")
@@ -123,3 +135,18 @@ def test_every_kind_of_worker_one_per_cpu_and_the_partitions_kept(tmp_path: Path
         "mpbroker: config: broker.p2p_workers = 2: the data dir's stores were made with 1 "
         "(recorded in mpbroker-partitions.json)"
     )
+
+
+def test_under_journald_a_refused_start_is_filed_as_an_error(tmp_path: Path) -> None:
+    """The line comes before logging is set up; it still gets the error priority, so that
+    `journalctl -p err` shows why the broker did not start."""
+    read_end, write_end = os.pipe()
+    st = os.fstat(write_end)
+    env = {**os.environ, "JOURNAL_STREAM": f"{st.st_dev}:{st.st_ino}"}
+    command = [sys.executable, "-m", "mpbroker", "serve", "--admin-port", "70000"]
+    process = subprocess.Popen(command, stderr=write_end, stdin=subprocess.DEVNULL, env=env)
+    os.close(write_end)
+    with os.fdopen(read_end) as stderr:
+        text = stderr.read()
+    assert process.wait(60) == 2
+    assert text == "<3>mpbroker: config: admin.port = 70000: must be an integer from -1 to 65535\n"

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import math
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -313,3 +315,20 @@ def test_real_machine_count_is_affinity_capped_by_its_quota() -> None:
         assert cpus.quota_source == ""
     else:
         assert cpus.quota_source.startswith("cgroup v")
+
+
+def test_a_process_pinned_to_one_cpu_has_one_usable_cpu() -> None:
+    """The real affinity call, in a child pinned with sched_setaffinity (as taskset or
+    systemd's CPUAffinity= would), whatever this machine has."""
+    code = (
+        "import os\n"
+        "os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})\n"
+        "from mpbroker.host import usable_cpus\n"
+        "cpus = usable_cpus()\n"
+        "print(cpus.count, cpus.affinity)\n"
+        "print(cpus.why())\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    counts, why = done.stdout.splitlines()
+    assert counts == "1 1"
+    assert why.startswith(f"1 usable CPU: affinity allows 1 of {os.cpu_count()} online")

@@ -48,7 +48,7 @@ def test_what_does_not_fit_is_trimmed_replay_and_pipelines_first() -> None:
     assert len(fitted.notes) == 3
     assert fitted.notes[0] == (
         "p2p workers: 1 of 2: more would not fit in memory.max_memory = 256 MiB "
-        "(broker.p2p_workers = 0)"
+        "(broker.p2p_workers = 0); a new data dir keeps this count"
     )
     assert fitted.counts[1].why.endswith(
         "trimmed to 1 of 2: more would not fit in memory.max_memory = 256 MiB"
@@ -72,7 +72,7 @@ def test_explicit_counts_are_never_changed() -> None:
     config = replace_settings(Config(), "broker", gateways=64)
     fitted = fit_workers(config, cpus=2)
     assert fitted.config == config and fitted.notes == ()
-    assert fitted.counts[0].why == "set"
+    assert [c.why for c in fitted.counts] == ["set", "the default", "the default", "the default"]
 
 
 def test_zero_keeps_the_partitions_the_data_dir_was_made_with() -> None:

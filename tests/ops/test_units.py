@@ -78,11 +78,12 @@ def test_ops_has_the_units() -> None:
 @pytest.mark.parametrize("path", BROKERS, ids=lambda p: p.name)
 def test_broker_units(path: Path) -> None:
     unit = parse_unit(path)
-    assert setting(unit, "Unit", "After") == "network.target"
+    assert setting(unit, "Unit", "After") == "network-online.target"
+    assert setting(unit, "Unit", "Wants") == "network-online.target"
     assert setting(unit, "Install", "WantedBy") == "multi-user.target"
     assert setting(unit, "Service", "Type") == "notify"
     assert setting(unit, "Service", "KillMode") == "mixed"
-    assert setting(unit, "Service", "WatchdogSec") == "30s"
+    assert setting(unit, "Service", "WatchdogSec") == "2min"
     assert setting(unit, "Service", "ExecReload") == "/bin/kill -HUP $MAINPID"
     assert setting(unit, "Service", "Restart") == "on-failure"
     assert setting(unit, "Service", "StateDirectoryMode") == "0700"
