@@ -362,7 +362,7 @@ def cmd_export(args: argparse.Namespace) -> int:
 
     Reads the stores in --data-dir read-only (the broker may be running): sealed and
     archived segments once each, the active segments as a snapshot; a manifest in --out
-    makes the next run export only what is new. Needs pyarrow (in a checkout: pip install -e '.[spark]').
+    makes the next run export only what is new. Needs pyarrow (in a checkout: pip install -e '.[export]').
     Exit code 2 for a data directory with no store, or a damaged or foreign file in --out.
 
     Example: mpbroker export --data-dir /var/lib/mpbroker --out /srv/export --destination '/queue/*'

@@ -16,8 +16,8 @@ SCHEMA_KEY: Final = b"mpbroker.export.schema_version"
 SOURCE_KEY: Final = b"mpbroker.export.source"
 
 INSTALL_HINT: Final = (
-    "mpbroker export needs pyarrow: pip install -e '.[spark]' in the mpbroker checkout "
-    "(or pip install 'pyarrow>=14')"
+    "mpbroker export needs pyarrow: pip install -e '.[export]' in the mpbroker checkout "
+    "(or '.[spark]' for the Spark job too, or pip install 'pyarrow>=14')"
 )
 
 
