@@ -239,5 +239,5 @@ def test_without_pyarrow_the_command_says_how_to_install_it(
     monkeypatch.setitem(sys.modules, "pyarrow", None)
     monkeypatch.setitem(sys.modules, "pyarrow.parquet", None)
     assert main(["export", "--data-dir", str(data), "--out", str(tmp_path / "o")]) == 2
-    assert "pip install -e '.[spark]'" in capsys.readouterr().err
+    assert "pip install -e '.[export]'" in capsys.readouterr().err
     assert not (tmp_path / "o").exists()
