@@ -107,7 +107,7 @@ def test_the_broker_service() -> None:
     unit = parse_unit(OPS / "mpbroker.service")
     assert setting(unit, "Service", "ExecStart") == (
         f"{PREFIX}/bin/mpbroker serve --config /etc/mpbroker/mpbroker.toml"
-        " --data-dir ${STATE_DIRECTORY}"
+        " --data-dir %S/mpbroker"
     )
     assert setting(unit, "Service", "StateDirectory") == "mpbroker"
 
@@ -116,7 +116,7 @@ def test_the_instance_template() -> None:
     unit = parse_unit(OPS / "mpbroker@.service")
     assert setting(unit, "Service", "ExecStart") == (
         f"{PREFIX}/bin/mpbroker serve --config /etc/mpbroker/%i.toml"
-        " --data-dir ${STATE_DIRECTORY}"
+        " --data-dir %S/mpbroker-%i"
     )
     assert setting(unit, "Service", "StateDirectory") == "mpbroker-%i"
 
