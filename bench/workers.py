@@ -39,17 +39,13 @@ left in /dev/shm; 1 otherwise.
 from __future__ import annotations
 
 import argparse
-import collections
 import json
 import os
 import platform
-import re
 import resource
-import signal
 import statistics
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 import zlib
@@ -58,28 +54,27 @@ from pathlib import Path
 
 import psutil
 
+from mpbroker.harness import BrokerProcess, ServerError
+
 __all__ = [
     "BENCH",
     "RunResult",
-    "ServeProcess",
     "broker_cpu_seconds",
     "machine_line",
     "main",
     "queue_names",
     "run_once",
+    "start_broker",
+    "stop_broker",
 ]
 
 BENCH = [sys.executable, "-m", "mpbroker", "bench"]
-SERVE = [sys.executable, "-m", "mpbroker", "serve"]
-SHM_DIR = "/dev/shm"
 STARTUP_TIMEOUT_S = 60.0
-STOP_TIMEOUT_S = 30.0
 # Workers finish starting after the ready line; let them settle before measuring.
 SETTLE_S = 1.0
 # The default 256 MiB budget refuses two p2p workers with the default store watermarks; the
 # same budget for both K (it sets the MemWatch levels too), far above what the runs use.
 MAX_MEMORY = 512 * 2**20
-_READY = re.compile(r"mpbroker ready on (\S+):(\d+)")
 
 
 def queue_names(count: int, workers: int = 2, prefix: str = "w") -> list[str]:
@@ -120,81 +115,23 @@ def _loadavg() -> str:
     return " ".join(f"{x:.2f}" for x in os.getloadavg())
 
 
-class ServeProcess:
-    """``mpbroker serve`` with ``p2p_workers`` p2p workers and 2 gateways, on a free port."""
+def start_broker(p2p_workers: int) -> BrokerProcess:
+    """``mpbroker serve`` with ``p2p_workers`` p2p workers and 2 gateways, on a free port,
+    with a temporary data directory (the harness removes it when the broker stops)."""
+    config = (
+        f"[broker]\np2p_workers = {p2p_workers}\ngateways = 2\n"
+        f"[memory]\nmax_memory = {MAX_MEMORY}\n"
+    )
+    return BrokerProcess(config=config, admin=False).start(STARTUP_TIMEOUT_S)
 
-    def __init__(self, p2p_workers: int) -> None:
-        self._tmp = tempfile.TemporaryDirectory(prefix="mpb-workers-")
-        data_dir = Path(self._tmp.name) / "data"
-        config = Path(self._tmp.name) / "data.toml"
-        config.write_text(
-            f"[broker]\np2p_workers = {p2p_workers}\ngateways = 2\n"
-            f"[memory]\nmax_memory = {MAX_MEMORY}\n"
-        )
-        self.lines: collections.deque[str] = collections.deque(maxlen=50)
-        self._ready = threading.Event()
-        self.host = ""
-        self.port = 0
-        self.process = subprocess.Popen(
-            [
-                *SERVE,
-                "--port",
-                "0",
-                "--admin-port",
-                "-1",
-                "--data-dir",
-                str(data_dir),
-                "--config",
-                str(config),
-            ],
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        self.pid = self.process.pid
-        self._reader = threading.Thread(target=self._drain, daemon=True)
-        self._reader.start()
-        deadline = time.monotonic() + STARTUP_TIMEOUT_S
-        while not self._ready.wait(0.1):
-            if self.process.poll() is not None or time.monotonic() > deadline:
-                self._reader.join(5)
-                self.stop()
-                raise RuntimeError(f"broker did not get ready: {self.tail()}")
 
-    def _drain(self) -> None:
-        assert self.process.stderr is not None
-        for line in self.process.stderr:
-            self.lines.append(line.rstrip())
-            if not self._ready.is_set() and (match := _READY.search(line)):
-                self.host, self.port = match.group(1), int(match.group(2))
-                self._ready.set()
-
-    def tail(self) -> str:
-        return "\n".join(self.lines)
-
-    def shm_left(self) -> list[str]:
-        prefixes = (f"mpb.{self.pid}.", f"sem.mpb.{self.pid}.")
-        return sorted(name for name in os.listdir(SHM_DIR) if name.startswith(prefixes))
-
-    def stop(self) -> list[str]:
-        """SIGTERM and wait; the problems found (exit status, /dev/shm leftovers)."""
-        problems: list[str] = []
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-        try:
-            status = self.process.wait(STOP_TIMEOUT_S)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            status = self.process.wait()
-            problems.append(f"broker {self.pid} did not stop in {STOP_TIMEOUT_S} s")
-        self._reader.join(5)
-        if status != 0:
-            problems.append(f"broker {self.pid} exited with {status}: {self.tail()}")
-        if left := self.shm_left():
-            problems.append(f"broker {self.pid} left {left} in {SHM_DIR}")
-        self._tmp.cleanup()
-        return problems
+def stop_broker(broker: BrokerProcess) -> list[str]:
+    """SIGTERM and wait; the problems found (exit status, /dev/shm leftovers)."""
+    try:
+        broker.stop_checked()
+    except ServerError as exc:
+        return [str(exc)]
+    return []
 
 
 @dataclass(frozen=True, slots=True)
@@ -243,7 +180,7 @@ def _bench_command(port: int, name: str, count: int, persistent: bool) -> list[s
 def run_once(workers: int, names: list[str], count: int, persistent: bool) -> RunResult:
     """One broker with ``workers`` p2p workers, one concurrent bench per queue."""
     load_before = _loadavg()
-    broker = ServeProcess(workers)
+    broker = start_broker(workers)
     problems: list[str] = []
     received_per_s = 0.0
     delivered = 0
@@ -297,7 +234,7 @@ def run_once(workers: int, names: list[str], count: int, persistent: bool) -> Ru
         if windows:
             span_s = max(e for _, e in windows) - min(b for b, _ in windows)
     finally:
-        problems.extend(broker.stop())
+        problems.extend(stop_broker(broker))
     return RunResult(
         workers=workers,
         persistent=persistent,
