@@ -106,8 +106,7 @@ def test_broker_units(path: Path) -> None:
 def test_the_broker_service() -> None:
     unit = parse_unit(OPS / "mpbroker.service")
     assert setting(unit, "Service", "ExecStart") == (
-        f"{PREFIX}/bin/mpbroker serve --config /etc/mpbroker/mpbroker.toml"
-        " --data-dir %S/mpbroker"
+        f"{PREFIX}/bin/mpbroker serve --config /etc/mpbroker/mpbroker.toml --data-dir %S/mpbroker"
     )
     assert setting(unit, "Service", "StateDirectory") == "mpbroker"
 
@@ -115,8 +114,7 @@ def test_the_broker_service() -> None:
 def test_the_instance_template() -> None:
     unit = parse_unit(OPS / "mpbroker@.service")
     assert setting(unit, "Service", "ExecStart") == (
-        f"{PREFIX}/bin/mpbroker serve --config /etc/mpbroker/%i.toml"
-        " --data-dir %S/mpbroker-%i"
+        f"{PREFIX}/bin/mpbroker serve --config /etc/mpbroker/%i.toml --data-dir %S/mpbroker-%i"
     )
     assert setting(unit, "Service", "StateDirectory") == "mpbroker-%i"
 
