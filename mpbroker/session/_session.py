@@ -73,8 +73,9 @@ log = logging.getLogger("mpbroker.gateway")
 _LINE_BREAKS = re.compile(r"[\r\n]")
 
 # Headers the broker consumes from a SEND, and headers only the broker may set on a
-# MESSAGE (a producer must not forge an ack id or a redelivered flag); everything else
-# travels with the message.
+# MESSAGE (a producer must not forge an ack id or a redelivered flag, nor make a message
+# look dead-lettered or expired from another queue, which consumers trust); everything
+# else travels with the message.
 _SEND_CONTROL_HEADERS = frozenset(
     {
         "destination",
@@ -86,6 +87,9 @@ _SEND_CONTROL_HEADERS = frozenset(
         "ack",
         "redelivered",
         "JMSXDeliveryCount",
+        "original-destination",
+        "dead-letter-reason",
+        "expired-from",
     }
 )
 _ARTICLE = {"id": "an"}

@@ -36,6 +36,7 @@ __all__ = [
     "PartitionMismatch",
     "PartitionRecord",
     "check_data_dir",
+    "owner_only",
     "read_partitions",
     "write_partitions",
 ]
@@ -87,7 +88,7 @@ def check_data_dir(path: Path, *, create: bool = True) -> None:
     except OSError as exc:  # a directory on the way that is not ours, say
         raise DataDirError(path, f"cannot reach it ({_reason(exc)})") from None
     try:
-        path.mkdir(parents=True, exist_ok=True)
+        path.mkdir(mode=0o700, parents=True, exist_ok=True)
     except OSError as exc:
         raise DataDirError(path, f"cannot create it ({_reason(exc)})") from None
     _probe(path)
@@ -100,6 +101,22 @@ def check_data_dir(path: Path, *, create: bool = True) -> None:
             if not entry.is_dir():
                 raise DataDirError(entry, "not a directory (a store directory is expected)")
             _probe(entry)
+
+
+def owner_only(path: Path) -> int:
+    """Take group and other permissions off the data dir and everything in it (it holds
+    every stored message); how many entries were changed. The broker runs with umask 077,
+    so what it creates is owner-only already: this is for a data dir made before, or by
+    hand. Symlinks are left alone; an entry that vanishes meanwhile is skipped."""
+    changed = 0
+    for entry in (path, *path.rglob("*")):
+        with contextlib.suppress(FileNotFoundError):
+            st = entry.lstat()
+            if stat.S_ISLNK(st.st_mode) or not st.st_mode & 0o077:
+                continue
+            entry.chmod(stat.S_IMODE(st.st_mode) & 0o700)
+            changed += 1
+    return changed
 
 
 @dataclass(frozen=True, slots=True)

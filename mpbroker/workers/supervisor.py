@@ -46,7 +46,13 @@ from ._counters import GATEWAY_CONNECTIONS, PIPELINE_DELIVERED, PIPELINE_RECEIVE
 from ._launcher import Launcher, LauncherError, WorkerProcess
 from ._layout import Layout, WorkerSpec, reloaded_config
 from ._service import BrokerFigures, ServiceLink
-from .datadir import DataDirError, check_data_dir, read_partitions, write_partitions
+from .datadir import (
+    DataDirError,
+    check_data_dir,
+    owner_only,
+    read_partitions,
+    write_partitions,
+)
 
 __all__ = ["EXIT_FAILED", "EXIT_REFUSED", "StartupError", "serve"]
 
@@ -618,6 +624,9 @@ def serve(config: Config, reload_source: Callable[[], Config] | None = None) -> 
     p2p or pubsub worker count differs from the data dir's (`datadir.PartitionMismatch`).
     Every count must be resolved (`mpbroker.memory.fit_workers`): 0 is refused here.
     """
+    # Everything the broker creates (stores, the registry, the records of the data dir,
+    # what SIGHUP leaves for the workers) is its own alone, whatever umask it was given.
+    os.umask(0o077)
     broker = config.broker
     for key, value in (
         ("broker.gateways", broker.gateways),
@@ -633,9 +642,20 @@ def serve(config: Config, reload_source: Callable[[], Config] | None = None) -> 
     try:
         check_data_dir(data_dir)
         record = read_partitions(data_dir)
+        tightened = owner_only(data_dir)
     except DataDirError as exc:
         log.error("cannot start: %s", exc)
         return EXIT_REFUSED
+    except OSError as exc:  # an entry that is not ours
+        log.error("cannot start: data dir %s: cannot make it owner-only (%s)", data_dir, exc)
+        return EXIT_REFUSED
+    if tightened:
+        log.warning(
+            "data dir %s: took group and other permissions off %d entries (it holds every "
+            "stored message: owner only)",
+            data_dir,
+            tightened,
+        )
     if record is not None:
         record.check(topology)
     try:

@@ -1255,12 +1255,27 @@ def test_version_error_lists_the_supported_versions_in_a_version_header() -> Non
     assert error_of(session).headers.get("version") == "1.0,1.1,1.2"
 
 
-@pytest.mark.parametrize("forged", ["ack", "redelivered", "message-id", "subscription"])
+@pytest.mark.parametrize(
+    "forged",
+    [
+        "ack",
+        "redelivered",
+        "message-id",
+        "subscription",
+        "JMSXDeliveryCount",
+        "original-destination",
+        "dead-letter-reason",
+        "expired-from",
+    ],
+)
 def test_a_producer_cannot_forge_broker_headers(forged: str) -> None:
     session = connected()
-    session.frame_received(frame("SEND", destination="/queue/a", **{forged: "forged"}), NOW)
+    session.frame_received(
+        frame("SEND", destination="/queue/a", kept="yes", **{forged: "forged"}), NOW
+    )
     [(_, record)] = routes(session)
     assert isinstance(record, Send) and forged not in record.message.headers
+    assert record.message.headers["kept"] == "yes"
 
 
 # -- compression -----------------------------------------------------------------------------

@@ -17,6 +17,7 @@ from mpbroker.workers.datadir import (
     DataDirError,
     PartitionMismatch,
     check_data_dir,
+    owner_only,
     read_partitions,
     write_partitions,
 )
@@ -123,3 +124,22 @@ def test_a_full_filesystem_is_usable_and_the_record_says_why_it_is_missing(
         before = (mount / PARTITIONS_FILE).stat().st_mtime_ns
         assert write_partitions(mount, Topology(1, 1, "DLQ.")) is None  # the same: not rewritten
         assert (mount / PARTITIONS_FILE).stat().st_mtime_ns == before
+
+
+def test_owner_only_takes_group_and_other_bits_off_and_counts_what_it_changed(
+    tmp_path: Path,
+) -> None:
+    (tmp_path / "p2p-0").mkdir(mode=0o755)
+    os.chmod(tmp_path / "p2p-0", 0o755)
+    (tmp_path / "p2p-0" / "seg-1.db").write_text("")
+    os.chmod(tmp_path / "p2p-0" / "seg-1.db", 0o640)
+    (tmp_path / "mine").write_text("")
+    os.chmod(tmp_path / "mine", 0o600)
+    (tmp_path / "link").symlink_to("/etc/hostname")
+    os.chmod(tmp_path, 0o750)
+    assert owner_only(tmp_path) == 3
+    assert stat.S_IMODE(tmp_path.stat().st_mode) == 0o700
+    assert stat.S_IMODE((tmp_path / "p2p-0").stat().st_mode) == 0o700
+    assert stat.S_IMODE((tmp_path / "p2p-0" / "seg-1.db").stat().st_mode) == 0o600
+    assert stat.S_IMODE((tmp_path / "mine").stat().st_mode) == 0o600
+    assert owner_only(tmp_path) == 0  # nothing left to do
