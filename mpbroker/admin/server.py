@@ -24,7 +24,7 @@ from urllib.parse import parse_qs, urlsplit
 import msgspec
 
 from mpbroker.clock import epoch_ms
-from mpbroker.logs import client_text
+from mpbroker.logs import client_text, log_collapsed
 from mpbroker.shm import (
     STATE_EMPTY,
     STATE_READY,
@@ -55,7 +55,18 @@ from ._snapshots import (
     encode,
 )
 
-__all__ = ["AdminServer", "Page", "WorkerRef", "flow_view", "page_of", "status_view"]
+__all__ = [
+    "LOCAL_NAMES",
+    "AdminServer",
+    "Page",
+    "WorkerRef",
+    "allowed_names",
+    "flow_view",
+    "host_allowed",
+    "host_name",
+    "page_of",
+    "status_view",
+]
 
 log = logging.getLogger("mpbroker.admin")
 
@@ -186,10 +197,46 @@ def _named(rows: list[tuple[str, _Row]]) -> list[_Row]:
     return [_replace(row, worker=title) for title, row in rows]
 
 
-class AdminServer:
-    """The HTTP server of the admin API, in a thread; `status` makes the status page."""
+LOCAL_NAMES: frozenset[str] = frozenset({"localhost", "127.0.0.1", "::1"})
+"""Names the admin API always answers to."""
 
-    def __init__(self, host: str, port: int, status: Callable[[], StatusView]) -> None:
+
+def allowed_names(host: str, host_names: str) -> frozenset[str]:
+    """The names an admin API bound to `host` answers to: the local ones, `host` (unless it
+    is a wildcard address) and the comma-separated `host_names`, lower case."""
+    names = set(LOCAL_NAMES)
+    if host not in ("", "0.0.0.0", "::"):
+        names.add(host.lower())
+    names.update(n.strip().lower() for n in host_names.split(",") if n.strip())
+    return frozenset(names)
+
+
+def host_name(header: str) -> str:
+    """The name in a Host header, without its port: "Example:8161" -> "example",
+    "[::1]:8161" -> "::1"."""
+    header = header.strip().lower()
+    if header.startswith("["):
+        return header[1:].partition("]")[0]
+    return header.rpartition(":")[0] if header.count(":") == 1 else header
+
+
+def host_allowed(header: str | None, names: frozenset[str]) -> bool:
+    """Whether a request with this Host header is answered. A request without one (an
+    HTTP/1.0 client) is: browsers, which DNS rebinding works through, always send it."""
+    return header is None or host_name(header) in names
+
+
+class AdminServer:
+    """The HTTP server of the admin API, in a thread; `status` makes the status page.
+    `names`: what the Host header may say (`allowed_names`); other requests get 403."""
+
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        status: Callable[[], StatusView],
+        names: frozenset[str] = LOCAL_NAMES,
+    ) -> None:
         views: dict[str, Callable[[Page], StatusView | FlowView]] = {
             "/status": lambda page: status(),
             "/flow": lambda page: flow_view(status(), page),
@@ -197,6 +244,24 @@ class AdminServer:
 
         class Handler(BaseHTTPRequestHandler):
             def do_GET(self) -> None:
+                host = self.headers.get("Host")
+                if not host_allowed(host, names):
+                    log_collapsed(
+                        log,
+                        logging.WARNING,
+                        "admin host refused",
+                        self.client_address[0],
+                        "admin: refused a request from %s for Host %s (not in admin.host_names)",
+                        self.client_address[0],
+                        client_text(host or ""),
+                    )
+                    self._reply(
+                        403,
+                        {
+                            "error": f"Host {host!r} is not a name of this admin API (admin.host_names)"
+                        },
+                    )
+                    return
                 url = urlsplit(self.path)
                 view = views.get(url.path)
                 if view is None:

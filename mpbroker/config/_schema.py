@@ -461,6 +461,13 @@ class AdminSettings:
     port: int = _setting(
         8161, "admin API port; 0 picks a free one, -1 switches it off", min=-1, max=65535
     )
+    # A web page can make a browser ask http://evil.example:8161/ after pointing that name
+    # at 127.0.0.1 (DNS rebinding); its Host header still says evil.example.
+    host_names: str = _setting(
+        "",
+        "comma-separated names the admin API answers to in the Host header, besides "
+        "localhost, 127.0.0.1, ::1 and admin.host (others get HTTP 403)",
+    )
     stats_interval_ms: int = _setting(
         500, "how often every worker publishes its state for the admin API", min=10
     )

@@ -23,7 +23,7 @@ from pathlib import Path
 from types import FrameType
 
 from mpbroker.admin import MemoryLevel, MemoryStatus, StatusView
-from mpbroker.admin.server import AdminServer, WorkerRef, status_view
+from mpbroker.admin.server import AdminServer, WorkerRef, allowed_names, status_view
 from mpbroker.config import Config, ConfigError, parse_levels, reload_flow_settings
 from mpbroker.memory import MemWatch, broker_memory_bytes, check, require_fits
 from mpbroker.routing import Topology
@@ -292,7 +292,12 @@ class Supervisor:
         if admin.port < 0:
             return
         try:
-            self.admin = AdminServer(admin.host, admin.port, self.admin_status)
+            self.admin = AdminServer(
+                admin.host,
+                admin.port,
+                self.admin_status,
+                allowed_names(admin.host, admin.host_names),
+            )
         except OSError as exc:
             raise StartupError(
                 f"cannot serve the admin API on {admin.host}:{admin.port}: {exc.strerror}"

@@ -31,7 +31,17 @@ from mpbroker.admin import (
     encode,
     without_details,
 )
-from mpbroker.admin.server import AdminServer, BadRequest, flow_view, page_of, status_view
+from mpbroker.admin.server import (
+    LOCAL_NAMES,
+    AdminServer,
+    BadRequest,
+    allowed_names,
+    flow_view,
+    host_allowed,
+    host_name,
+    page_of,
+    status_view,
+)
 from mpbroker.shm import ControlBlock, StatsBlock, remove_instance, segment_name
 from mpbroker.workers._base import publish
 
@@ -257,10 +267,13 @@ def test_a_snapshot_that_cannot_be_published_is_replaced_by_its_figures(
         block.unlink()
 
 
-def get(server: AdminServer, path: str) -> tuple[int, Any]:
+def get(server: AdminServer, path: str, host_header: str | None = None) -> tuple[int, Any]:
     host, port = server.address
+    request = urllib.request.Request(f"http://{host}:{port}{path}")
+    if host_header is not None:
+        request.add_header("Host", host_header)
     try:
-        with urllib.request.urlopen(f"http://{host}:{port}{path}", timeout=10) as reply:
+        with urllib.request.urlopen(request, timeout=10) as reply:
             return reply.status, json.load(reply)
     except urllib.error.HTTPError as exc:
         return exc.code, json.load(exc)
@@ -285,3 +298,53 @@ def test_the_server_pages_flow_and_refuses_bad_parameters() -> None:
         assert code == 200
     finally:
         server.close()
+
+
+@pytest.mark.parametrize(
+    ("header", "name"),
+    [
+        ("localhost:8161", "localhost"),
+        ("LOCALHOST", "localhost"),
+        ("127.0.0.1:8161", "127.0.0.1"),
+        ("[::1]:8161", "::1"),
+        ("[::1]", "::1"),
+        ("::1", "::1"),
+        ("broker.example:80", "broker.example"),
+    ],
+)
+def test_the_name_in_a_host_header(header: str, name: str) -> None:
+    assert host_name(header) == name
+
+
+def test_the_names_an_admin_api_answers_to() -> None:
+    assert allowed_names("127.0.0.1", "") == LOCAL_NAMES
+    assert allowed_names("0.0.0.0", "") == LOCAL_NAMES  # a wildcard is no name
+    names = allowed_names("10.0.0.5", " Broker.Example , mq ")
+    assert names == LOCAL_NAMES | {"10.0.0.5", "broker.example", "mq"}
+    assert host_allowed("mq:8161", names) and host_allowed(None, names)
+    assert not host_allowed("evil.example:8161", names)
+
+
+def test_a_request_for_another_host_name_is_refused(caplog: pytest.LogCaptureFixture) -> None:
+    """DNS rebinding: a page on evil.example points that name at 127.0.0.1; the browser's
+    request then says Host: evil.example."""
+    server = AdminServer("127.0.0.1", 0, lambda: status(p2p(1)), allowed_names("127.0.0.1", "mq"))
+    server.start()
+    try:
+        port = server.address[1]
+        assert get(server, "/status", f"evil.example:{port}") == (
+            403,
+            {
+                "error": f"Host 'evil.example:{port}' is not a name of this admin API "
+                "(admin.host_names)"
+            },
+        )
+        assert get(server, "/status", f"mq:{port}")[0] == 200
+        assert get(server, "/status", f"localhost:{port}")[0] == 200
+        assert get(server, "/status")[0] == 200  # urllib names the address it connects to
+    finally:
+        server.close()
+    assert any(
+        "refused a request from 127.0.0.1 for Host evil.example" in r.getMessage()
+        for r in caplog.records
+    )
