@@ -146,6 +146,11 @@ class StompSettings:
     max_headers: int = _setting(1000, "most headers in one frame (ActiveMQ: 1000)", min=1)
     max_header_bytes: int = _setting(10 * KiB, "longest header line (ActiveMQ: 10 KiB)", min=64)
     connect_timeout_ms: int = _setting(10000, "time a new connection has to send CONNECT", min=1)
+    # Slowloris: a client that trickles a frame a byte at a time keeps heart-beating by it
+    # and would hold its connection (and its buffer) for ever.
+    frame_timeout_ms: int = _setting(
+        30000, "time a frame that has started has to complete (0 = no limit)", min=0
+    )
     # The server's heart-beat offer (cx, cy in CONNECTED): the shortest intervals it
     # agrees to send and to expect. 0 switches that direction off.
     heartbeat_send_ms: int = _setting(1000, "shortest interval the broker sends heart-beats", min=0)

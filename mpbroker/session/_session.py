@@ -297,10 +297,15 @@ class GatewaySession:
         an ERROR answering its receipt."""
         self._fail(refusal.message, refusal.detail, frame.headers.get("receipt", ""))
 
-    def timed_out(self, grace: float) -> str:
-        """Nothing came in time: no CONNECT within `stomp.connect_timeout_ms`, or no frame or
-        heart-beat for `grace` x the negotiated interval. An ERROR; returns why."""
-        if self._state is SessionState.AWAITING_CONNECT:
+    def timed_out(self, grace: float, *, frame_started: bool = False) -> str:
+        """Nothing came in time: no CONNECT within `stomp.connect_timeout_ms`, a frame that
+        started and did not complete within `stomp.frame_timeout_ms` (`frame_started`), or no
+        frame or heart-beat for `grace` x the negotiated interval. An ERROR; returns why."""
+        if frame_started:
+            reason = (
+                f"frame not complete within frame_timeout_ms {self.config.stomp.frame_timeout_ms}"
+            )
+        elif self._state is SessionState.AWAITING_CONNECT:
             reason = f"no CONNECT within connect_timeout_ms {self.config.stomp.connect_timeout_ms}"
         else:
             expected = self._heartbeat[1]

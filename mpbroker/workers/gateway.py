@@ -482,6 +482,8 @@ class Gateway:
         # One socket read; frames within are handled as one batch.
         reader_bytes = self.config.memory.socket_reader_threshold_bytes
         connect_deadline = trio.current_time() + stomp.connect_timeout_ms / 1000
+        # When the frame being read must be complete (inf: none is being read).
+        frame_deadline = float("inf")
         while session.accepts_frames():
             if session.state is SessionState.AWAITING_CONNECT:
                 deadline = connect_deadline
@@ -489,18 +491,21 @@ class Gateway:
                 deadline = trio.current_time() + session.heartbeat[1] * stomp.heartbeat_grace / 1000
             else:
                 deadline = float("inf")
+            trickled = frame_deadline < deadline
+            deadline = min(deadline, frame_deadline)
             with trio.CancelScope(deadline=deadline) as scope:
                 try:
                     data = await conn.stream.receive_some(reader_bytes)
                 except (trio.BrokenResourceError, trio.ClosedResourceError):
                     data = b""
             if scope.cancelled_caught:
-                # Two kinds, so one does not hide the other's first line.
-                late = (
-                    "no CONNECT"
-                    if session.state is SessionState.AWAITING_CONNECT
-                    else "no heart-beat"
-                )
+                # One kind each, so one does not hide another's first line.
+                if trickled:
+                    late = "a frame too slow"
+                elif session.state is SessionState.AWAITING_CONNECT:
+                    late = "no CONNECT"
+                else:
+                    late = "no heart-beat"
                 log_collapsed(
                     log,
                     logging.INFO,
@@ -508,7 +513,7 @@ class Gateway:
                     conn.peer,
                     "closing %s: %s",
                     conn.peer,
-                    session.timed_out(stomp.heartbeat_grace),
+                    session.timed_out(stomp.heartbeat_grace, frame_started=trickled),
                 )
                 break
             if not data:
@@ -528,6 +533,12 @@ class Gateway:
                 )
                 session.frame_error(exc)
                 frames = []
+            # A frame begun and not complete has frame_timeout_ms from the read that began it
+            # (a read that completed frames began the one left over).
+            if not parser.buffered_bytes or not stomp.frame_timeout_ms:
+                frame_deadline = float("inf")
+            elif frames or frame_deadline == float("inf"):
+                frame_deadline = trio.current_time() + stomp.frame_timeout_ms / 1000
             now = epoch_ms()
             for frame in frames:
                 # The state may change while we wait (a pipeline refused a frame, the broker

@@ -22,6 +22,7 @@ max_frame_bytes = 8192
 max_headers = 10
 max_header_bytes = 256
 connect_timeout_ms = 1500
+frame_timeout_ms = 1500
 """
 
 
@@ -154,6 +155,44 @@ def test_unsupported_version(limited: BrokerProcess, raw: RawFactory) -> None:
 def test_no_connect_within_timeout(limited: BrokerProcess, raw: RawFactory) -> None:
     client = raw(limited)
     assert "no CONNECT within connect_timeout_ms 1500" in error_of(client)
+
+
+def test_a_frame_trickled_a_byte_at_a_time_is_cut_off(
+    limited: BrokerProcess, raw: RawFactory
+) -> None:
+    """Slowloris: every byte resets any silence timer, so a frame must complete within
+    stomp.frame_timeout_ms of its first byte."""
+    client = raw(limited)
+    client.send("CONNECT", {"accept-version": "1.2", "host": "/"})
+    assert client.recv().command == "CONNECTED"
+    started = time.monotonic()
+    try:
+        for byte in b"SEND\ndestination:/queue/slow\nreceipt:r\n\nnever ends":
+            client.sock.sendall(bytes([byte]))
+            time.sleep(0.2)
+    except OSError:
+        pass  # closed by the broker while trickling: what is tested
+    assert error_of(client) == "frame not complete within frame_timeout_ms 1500"
+    assert time.monotonic() - started < 10
+    limited.wait_for_log(r"closing 127\.0\.0\.1:\d+: frame not complete within")
+
+
+def test_frames_streamed_back_to_back_for_longer_than_the_frame_timeout_are_fine(
+    limited: BrokerProcess, raw: RawFactory
+) -> None:
+    """Each read ends in the middle of a frame, for 3 s (twice frame_timeout_ms): every
+    frame completes quickly, so nothing is cut off."""
+    client = raw(limited)
+    client.send("CONNECT", {"accept-version": "1.2", "host": "/"})
+    assert client.recv().command == "CONNECTED"
+    one = b"SEND\ndestination:/queue/streamed\n\nbody\x00"
+    stream = one * 300 + b"SEND\ndestination:/queue/streamed\nreceipt:end\n\nlast\x00"
+    chunk = len(one) * 2 // 3 + 1  # never a whole number of frames
+    for at in range(0, len(stream), chunk):
+        client.sock.sendall(stream[at : at + chunk])
+        time.sleep(3 / (len(stream) / chunk))
+    reply = client.recv()
+    assert (reply.command, reply.headers.get("receipt-id")) == ("RECEIPT", "end")
 
 
 def test_connect_disconnect_loop(limited: BrokerProcess, raw: RawFactory) -> None:
