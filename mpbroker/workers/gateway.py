@@ -533,12 +533,7 @@ class Gateway:
                 )
                 session.frame_error(exc)
                 frames = []
-            # A frame begun and not complete has frame_timeout_ms from the read that began it
-            # (a read that completed frames began the one left over).
-            if not parser.buffered_bytes or not stomp.frame_timeout_ms:
-                frame_deadline = float("inf")
-            elif frames or frame_deadline == float("inf"):
-                frame_deadline = trio.current_time() + stomp.frame_timeout_ms / 1000
+            read_at = trio.current_time()
             now = epoch_ms()
             for frame in frames:
                 # The state may change while we wait (a pipeline refused a frame, the broker
@@ -559,6 +554,15 @@ class Gateway:
             for port in self.flush(conn):
                 # A full ring: read nothing more until what we sent is in it.
                 await port.drained()
+            # A frame begun and not complete has frame_timeout_ms from the read that began it
+            # (a read that completed frames began the one left over), not counting the time
+            # we made the client wait (flow control, a full ring) before reading again.
+            if not parser.buffered_bytes or not stomp.frame_timeout_ms:
+                frame_deadline = float("inf")
+            elif frames or frame_deadline == float("inf"):
+                frame_deadline = trio.current_time() + stomp.frame_timeout_ms / 1000
+            else:
+                frame_deadline += trio.current_time() - read_at
         conn.notify()  # the writer writes what is owed and ends the connection
 
     async def _admit(self, conn: _Connection, frame: Frame) -> _Admitted:
