@@ -94,6 +94,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     # Refused before anything starts, the data dir included (the supervisor checks again,
     # for other callers).
     require_fits(config)
+    _check_exposure(config)
     check_data_dir(Path(config.broker.data_dir))
     setproctitle("mpbroker: supervisor")
     setup_logging("supervisor", config.broker.log_level, config.broker.log_format)
@@ -129,6 +130,25 @@ def _same_counts(config: Config, running: Config) -> Config:
     return replace_settings(
         config, "replay", workers=config.replay.workers or running.replay.workers
     )
+
+
+def _check_exposure(config: Config) -> None:
+    """Who may connect must be decided before the broker listens beyond this machine: a
+    users file, or anonymous connections allowed on purpose. And a users file must be
+    good (UsersFileError otherwise)."""
+    from mpbroker.security import is_loopback, load_users
+
+    security = config.security
+    if security.users_file:
+        load_users(Path(security.users_file))
+    elif not is_loopback(config.broker.host) and security.allow_anonymous != "true":
+        raise ConfigError(
+            "security.allow_anonymous",
+            security.allow_anonymous,
+            f"the broker would listen on {config.broker.host}, beyond this machine, with no "
+            "security.users_file: anyone could connect. Set security.users_file (mpbroker "
+            "user add), or allow_anonymous = true to let anyone in on purpose",
+        )
 
 
 def cmd_config_show(args: argparse.Namespace) -> int:
@@ -388,6 +408,100 @@ def cmd_export(args: argparse.Namespace) -> int:
     return 0
 
 
+def _users_file(args: argparse.Namespace) -> Path:
+    """--users-file, else security.users_file of --config; ConfigError without either."""
+    if args.users_file:
+        return Path(args.users_file)
+    configured = load_config(args.config).security.users_file
+    if not configured:
+        raise ConfigError(
+            "security.users_file",
+            "",
+            "no users file: give --users-file FILE, or --config with security.users_file set",
+        )
+    return Path(configured)
+
+
+def _read_password(name: str) -> str | None:
+    """The new password: asked twice on a terminal, else one line of stdin."""
+    import getpass
+
+    if sys.stdin.isatty():
+        first = getpass.getpass(f"password for {name}: ")
+        if getpass.getpass("again: ") != first:
+            print("mpbroker: user add: the passwords differ", file=sys.stderr)
+            return None
+        password = first
+    else:
+        password = sys.stdin.readline().rstrip("\r\n")
+    if not password:
+        print("mpbroker: user add: an empty password is not allowed", file=sys.stderr)
+        return None
+    return password
+
+
+def cmd_user_add(args: argparse.Namespace) -> int:
+    """Add a user to the users file (made owner-only if missing), with a password asked
+    twice on a terminal or read as one line from stdin, and its groups. The broker reads
+    the file at start and on SIGHUP.
+
+    Example: mpbroker user add alice --group producers --config /etc/mpbroker/mpbroker.toml
+    """
+    from mpbroker.security import User, check_name, hash_password, load_users, save_users
+
+    path = _users_file(args)
+    try:
+        check_name(args.name)
+        groups = tuple(check_name(g, "group") for g in args.group or ())
+    except ValueError as exc:
+        print(f"mpbroker: user add: {exc}", file=sys.stderr)
+        return 2
+    users = load_users(path) if path.exists() else {}
+    if args.name in users and not args.replace:
+        print(
+            f"mpbroker: user add: {args.name!r} is in {path} already (--replace changes its "
+            "password and groups)",
+            file=sys.stderr,
+        )
+        return 2
+    password = _read_password(args.name)
+    if password is None:
+        return 2
+    users[args.name] = User(args.name, hash_password(password), groups)
+    save_users(path, users)
+    print(f"{'replaced' if args.replace else 'added'} {args.name} in {path}")
+    return 0
+
+
+def cmd_user_remove(args: argparse.Namespace) -> int:
+    """Remove a user from the users file.
+
+    Example: mpbroker user remove alice --users-file /etc/mpbroker/users
+    """
+    from mpbroker.security import load_users, save_users
+
+    path = _users_file(args)
+    users = load_users(path)
+    if users.pop(args.name, None) is None:
+        print(f"mpbroker: user remove: no user {args.name!r} in {path}", file=sys.stderr)
+        return 2
+    save_users(path, users)
+    print(f"removed {args.name} from {path}")
+    return 0
+
+
+def cmd_user_list(args: argparse.Namespace) -> int:
+    """List the users of the users file and their groups.
+
+    Example: mpbroker user list --users-file /etc/mpbroker/users
+    """
+    from mpbroker.security import load_users
+
+    for user in sorted(load_users(_users_file(args)).values(), key=lambda u: u.name):
+        print(f"{user.name}\t{','.join(user.groups) or '-'}")
+    return 0
+
+
 def _add_broker_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", metavar="FILE", help="TOML configuration file")
     parser.add_argument("--host", help="listen address (default 127.0.0.1)")
@@ -492,6 +606,31 @@ def build_parser() -> argparse.ArgumentParser:
         admin_parser.add_argument("--port", type=int, default=8161, help="admin API port")
         admin_parser.add_argument("--json", action="store_true", help="print the raw JSON")
 
+    user = commands.add_parser(
+        "user",
+        help="add, remove and list the users who may connect",
+        description="The users file (security.users_file): add, remove, list.",
+    )
+    user_commands = user.add_subparsers(dest="user_command", metavar="COMMAND")
+    user_commands.required = True
+    for name, func in (("add", cmd_user_add), ("remove", cmd_user_remove), ("list", cmd_user_list)):
+        user_parser = add(name, func, user_commands)
+        if name != "list":
+            user_parser.add_argument("name", metavar="NAME", help="the user")
+        if name == "add":
+            user_parser.add_argument(
+                "--group", action="append", metavar="G", help="a group of the user (repeatable)"
+            )
+            user_parser.add_argument(
+                "--replace", action="store_true", help="change an existing user's password"
+            )
+        user_parser.add_argument(
+            "--users-file", dest="users_file", metavar="FILE", help="the users file"
+        )
+        user_parser.add_argument(
+            "--config", metavar="FILE", help="a config whose security.users_file to use"
+        )
+
     export = add("export", cmd_export)
     export.add_argument(
         "--data-dir", dest="data_dir", metavar="DIR", required=True, help="the broker's data dir"
@@ -528,13 +667,14 @@ def _error_prefix(args: argparse.Namespace) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    from mpbroker.security import UsersFileError
     from mpbroker.workers.datadir import DataDirError
 
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
         result: int = args.func(args)
-    except (ConfigError, DataDirError) as exc:
+    except (ConfigError, DataDirError, UsersFileError) as exc:
         print(f"{_error_prefix(args)}mpbroker: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

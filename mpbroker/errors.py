@@ -10,7 +10,7 @@ Pipelines build them too: the `Refuse` record carries `message` and `detail` to 
 
 from __future__ import annotations
 
-__all__ = ["LimitReached", "MessageTooLarge", "NeverFits", "Refusal"]
+__all__ = ["AuthenticationFailed", "LimitReached", "MessageTooLarge", "NeverFits", "Refusal"]
 
 
 class Refusal(Exception):
@@ -67,3 +67,12 @@ class MessageTooLarge(Refusal):
             "The message was not accepted: send smaller messages, or raise "
             "[memory] max_message_bytes.",
         )
+
+
+class AuthenticationFailed(Refusal):
+    """A CONNECT whose login and passcode do not name a user, or without a login where
+    anonymous connections are not allowed. The same words for every case: the client
+    learns nothing about which names exist."""
+
+    def __init__(self) -> None:
+        super().__init__("authentication failed")

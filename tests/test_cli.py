@@ -122,6 +122,7 @@ def test_config_show_prints_toml_that_reads_back_as_the_same_config(
         "replay",
         "flow",
         "admin",
+        "security",
         "memory",
         "compression",
         "temp_store",
@@ -502,3 +503,47 @@ def test_config_show_says_how_many_workers_of_each_kind_and_why(
         f"#   replay.workers: {min(n, 3)} (0: one per usable CPU ({n})"
         + (", at most one per pubsub worker (3))" if n > 3 else ")"),
     ]
+
+
+# -- users ---------------------------------------------------------------------------------
+
+
+def test_user_add_list_remove(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import io
+
+    from mpbroker.security import load_users, verify_password
+
+    users = tmp_path / "users"
+    config = tmp_path / "broker.toml"
+    config.write_text(f'[security]\nusers_file = "{users}"\n')
+    monkeypatch.setattr("sys.stdin", io.StringIO("s3cret\n"))
+    code, out, _ = run(
+        capsys, "user", "add", "alice", "--group", "producers", "--config", str(config)
+    )
+    assert (code, out) == (0, f"added alice in {users}\n")
+    assert verify_password("s3cret", load_users(users)["alice"].password_hash)
+    monkeypatch.setattr("sys.stdin", io.StringIO("other\n"))
+    code, _, err = run(capsys, "user", "add", "alice", "--users-file", str(users))
+    assert code == 2 and "'alice' is in" in err and "--replace" in err
+    monkeypatch.setattr("sys.stdin", io.StringIO("\n"))
+    code, _, err = run(capsys, "user", "add", "bob", "--users-file", str(users))
+    assert (code, err) == (2, "mpbroker: user add: an empty password is not allowed\n")
+    monkeypatch.setattr("sys.stdin", io.StringIO("pw\n"))
+    code, _, err = run(capsys, "user", "add", "bad name", "--users-file", str(users))
+    assert code == 2 and "user name 'bad name'" in err
+    monkeypatch.setattr("sys.stdin", io.StringIO("pw\n"))
+    assert run(capsys, "user", "add", "bob", "--users-file", str(users))[0] == 0
+    code, out, _ = run(capsys, "user", "list", "--users-file", str(users))
+    assert out == "alice\tproducers\nbob\t-\n"
+    assert run(capsys, "user", "remove", "bob", "--config", str(config))[0] == 0
+    code, _, err = run(capsys, "user", "remove", "bob", "--config", str(config))
+    assert code == 2 and "no user 'bob'" in err
+    assert list(load_users(users)) == ["alice"]
+
+
+def test_user_commands_need_a_users_file(capsys: pytest.CaptureFixture[str]) -> None:
+    code, _, err = run(capsys, "user", "list")
+    assert code == 2
+    assert "no users file: give --users-file FILE" in err

@@ -54,6 +54,8 @@ def _coerce(key: str, value: object, f: dataclasses.Field[Any]) -> Any:
         value = float(value)
     if meta.get("share") and isinstance(value, int) and not isinstance(value, bool):
         value = str(value)  # bytes, as the text would say them
+    if kind is str and isinstance(value, bool) and {"true", "false"} <= set(meta["choices"] or ()):
+        value = "true" if value else "false"  # `allow_anonymous = true`, as TOML writes it
     # bool is a subclass of int in Python; `gateways = true` is a mistake, not 1.
     if not isinstance(value, kind) or (kind is not bool and isinstance(value, bool)):
         raise ConfigError(key, value, allowed)

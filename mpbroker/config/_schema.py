@@ -33,6 +33,7 @@ __all__ = [
     "QuotaConfig",
     "ReplaySettings",
     "RingSettings",
+    "SecuritySettings",
     "SelectorSettings",
     "StompSettings",
     "StoreFlowSettings",
@@ -485,6 +486,32 @@ class AdminSettings:
 
 
 @dataclass(frozen=True, slots=True)
+class SecuritySettings:
+    """Who may connect (docs/security.md)."""
+
+    users_file: str = _setting(
+        "",
+        "users and their password hashes (mpbroker user add); read at start and on SIGHUP; "
+        '"" = none: any login is accepted',
+    )
+    # "auto": anonymous connections only where nothing else guards the broker's door
+    # being open: no users file, and a loopback address (a non-loopback one without a
+    # users file is refused at start unless this is "true").
+    allow_anonymous: str = _setting(
+        "auto",
+        "a CONNECT without a login is let in: true, false, or auto (true only without a "
+        "users file)",
+        choices=("auto", "true", "false"),
+    )
+
+    def anonymous(self) -> bool:
+        """Whether a CONNECT without a login is let in."""
+        if self.allow_anonymous == "auto":
+            return not self.users_file
+        return self.allow_anonymous == "true"
+
+
+@dataclass(frozen=True, slots=True)
 class MemorySettings:
     """The broker's memory budget and MemWatch (iBus//MessageServer)."""
 
@@ -682,6 +709,7 @@ class Config:
     replay: ReplaySettings = field(default_factory=ReplaySettings)
     flow: FlowSettings = field(default_factory=FlowSettings)
     admin: AdminSettings = field(default_factory=AdminSettings)
+    security: SecuritySettings = field(default_factory=SecuritySettings)
     memory: MemorySettings = field(default_factory=MemorySettings)
     compression: CompressionSettings = field(default_factory=CompressionSettings)
     temp_store: TempStoreSettings = field(default_factory=TempStoreSettings)

@@ -199,6 +199,9 @@ class GatewaySession:
         # (send_every_ms, expect_every_ms), 0 = off; set by CONNECT.
         self._heartbeat = (0, 0)
         self._client_id = ""
+        #: Who the connection is: set by the shell from the CONNECT's login before the
+        #: CONNECT is handed over ("" until then, or with no authentication).
+        self.user = ""
         self._data: list[bytes | memoryview] = []
         self._records: list[tuple[int, Record]] = []
         self._subs_by_id: dict[str, _Subscription] = {}

@@ -18,15 +18,19 @@ import os
 import signal
 import socket
 import time
+from pathlib import Path
 
 import trio
 
 from mpbroker import records
 from mpbroker.admin import GatewayStats, HeldSend
 from mpbroker.clock import epoch_ms
+from mpbroker.config import Config
+from mpbroker.errors import AuthenticationFailed
 from mpbroker.flow import FlowGate, Stop
 from mpbroker.logs import client_text, log_collapsed
 from mpbroker.records import Hello, Record
+from mpbroker.security import Authenticator, UsersFileError, load_users
 from mpbroker.session import (
     Admission,
     GatewaySession,
@@ -161,6 +165,8 @@ class Gateway:
     def __init__(self, spec: WorkerSpec) -> None:
         self.spec = spec
         self.config = spec.config
+        # The supervisor read the users file just before: it is readable.
+        self.authenticator = self._load_authenticator(spec.config)
         layout = spec.layout
         self.layout = layout
         self.index = spec.index
@@ -265,6 +271,11 @@ class Gateway:
                 # producers being paced go on with what they started with.
                 self.config = reloaded
                 self.admission.configure(reloaded)
+                try:
+                    # The users file is read again on SIGHUP (checked by the supervisor).
+                    self.authenticator = self._load_authenticator(reloaded)
+                except UsersFileError as exc:
+                    log.error("SIGHUP: users not reloaded: %s", exc)
                 log.info("flow settings reloaded")
             if got:
                 await trio.lowlevel.checkpoint()
@@ -546,6 +557,13 @@ class Gateway:
                         break
                     if admitted is _WAITED:
                         now = epoch_ms()
+                connecting = session.state is SessionState.AWAITING_CONNECT
+                if (
+                    connecting
+                    and frame.command in ("CONNECT", "STOMP")
+                    and not await self._authenticate(conn, frame)
+                ):
+                    break
                 session.frame_received(frame, now)
                 parser.version = session.version  # CONNECT may have changed it
             # A SEND may have discarded other connections' transactions: they say so now.
@@ -564,6 +582,35 @@ class Gateway:
             else:
                 frame_deadline += trio.current_time() - read_at
         conn.notify()  # the writer writes what is owed and ends the connection
+
+    async def _authenticate(self, conn: _Connection, frame: Frame) -> bool:
+        """Who the CONNECT says it is, checked (a scrypt check, in a thread: it takes tens
+        of ms); a refusal is an ERROR, the same for every reason, and a log line."""
+        auth = self.authenticator
+        login, passcode = frame.headers.get("login"), frame.headers.get("passcode")
+        if auth.users is None or not login:
+            user = auth.check(login, passcode)  # no hash to check: no thread
+        else:
+            user = await trio.to_thread.run_sync(auth.check, login, passcode)
+        if user is None:
+            log_collapsed(
+                log,
+                logging.WARNING,
+                "authentication failed",
+                conn.peer,
+                "authentication failed for %s from %s",
+                client_text(login or "(no login)"),
+                conn.peer,
+            )
+            conn.session.refuse(frame, AuthenticationFailed())
+            return False
+        conn.session.user = user
+        return True
+
+    def _load_authenticator(self, config: Config) -> Authenticator:
+        security = config.security
+        users = load_users(Path(security.users_file)) if security.users_file else None
+        return Authenticator(users, security.anonymous())
 
     async def _admit(self, conn: _Connection, frame: Frame) -> _Admitted:
         """Flow control for one SEND: wait for the producer's turn while it is paced, or

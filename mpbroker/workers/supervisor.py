@@ -27,6 +27,7 @@ from mpbroker.admin.server import AdminServer, WorkerRef, allowed_names, status_
 from mpbroker.config import Config, ConfigError, parse_levels, reload_flow_settings
 from mpbroker.memory import MemWatch, broker_memory_bytes, check, require_fits
 from mpbroker.routing import Topology
+from mpbroker.security import UsersFileError, load_users
 from mpbroker.shm import (
     STATE_EMPTY,
     STATE_READY,
@@ -518,6 +519,14 @@ class Supervisor:
         except (ConfigError, OSError) as exc:  # a bad value; the file gone or unreadable
             log.error("SIGHUP: configuration not reloaded: %s", exc)
             return
+        users_file = effective.security.users_file
+        if users_file:
+            # The gateways read it again when the generation changes: it must be good.
+            try:
+                load_users(Path(users_file))
+            except UsersFileError as exc:
+                log.error("SIGHUP: configuration not reloaded: %s", exc)
+                return
         # The reloaded limits (the VolQueueStore's, the live buffer's) are memory budgets.
         problem = check(effective)
         if problem is not None:
@@ -663,6 +672,12 @@ def serve(config: Config, reload_source: Callable[[], Config] | None = None) -> 
         )
     if record is not None:
         record.check(topology)
+    if config.security.users_file:
+        try:
+            load_users(Path(config.security.users_file))
+        except UsersFileError as exc:
+            log.error("cannot start: %s", exc)
+            return EXIT_REFUSED
     try:
         supervisor = Supervisor(config, reload_source)
     except StartupError as exc:

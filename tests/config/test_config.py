@@ -68,6 +68,7 @@ def test_every_setting_is_documented_and_listed_in_declaration_order() -> None:
         "replay",
         "flow",
         "admin",
+        "security",
         "memory",
         "compression",
         "temp_store",
@@ -583,3 +584,17 @@ def test_the_disk_free_limit_is_a_size_or_a_share(value: object) -> None:
 @pytest.mark.parametrize("value", ["lots", "100%", True])
 def test_a_bad_disk_free_limit_is_refused_naming_it(value: object) -> None:
     assert refused({"store": {"disk_free_limit_bytes": value}}).key == "store.disk_free_limit_bytes"
+
+
+@pytest.mark.parametrize(
+    ("value", "stored", "anonymous"),
+    [(True, "true", True), (False, "false", False), ("auto", "auto", True)],
+)
+def test_allow_anonymous_takes_a_boolean_or_auto(
+    value: object, stored: str, anonymous: bool
+) -> None:
+    config = config_from_mapping({"security": {"allow_anonymous": value}})
+    assert config.security.allow_anonymous == stored
+    assert config.security.anonymous() is anonymous
+    with_users = config_from_mapping({"security": {"allow_anonymous": value, "users_file": "u"}})
+    assert with_users.security.anonymous() is (anonymous and value != "auto")

@@ -1,0 +1,66 @@
+"""The check a CONNECT's login and passcode go through.
+
+An unknown user and a wrong passcode get the same answer, and (a hash is checked either
+way) about the same time, so neither says which names exist. A scrypt check costs tens of
+milliseconds: the gateway runs it in a thread, and successful checks are remembered (by a
+keyed digest of the passcode, never the passcode) so that reconnecting clients cost nothing.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import os
+import threading
+from collections import OrderedDict
+
+from ._kdf import hash_password, verify_password
+from ._users import User
+
+__all__ = ["ANONYMOUS", "Authenticator"]
+
+ANONYMOUS = "anonymous"
+"""The user of a connection that gave no login, where that is allowed."""
+
+_REMEMBERED = 1024
+
+
+class Authenticator:
+    """Checks logins against `users` (None: no users file, so any login is taken as it is,
+    as before there were users). `allow_anonymous`: whether a CONNECT without a login is
+    let in (as `ANONYMOUS`)."""
+
+    def __init__(self, users: dict[str, User] | None, allow_anonymous: bool) -> None:
+        self.users = users
+        self.allow_anonymous = allow_anonymous
+        self._key = os.urandom(32)
+        self._remembered: OrderedDict[tuple[str, bytes], str] = OrderedDict()
+        self._lock = threading.Lock()  # checks run in threads
+        # Checked for an unknown user, so that it costs what a known one does.
+        self._decoy = hash_password(os.urandom(8).hex())
+
+    def check(self, login: str | None, passcode: str | None) -> str | None:
+        """The user a CONNECT with this login and passcode is, or None (refused)."""
+        if not login:
+            return ANONYMOUS if self.allow_anonymous else None
+        if self.users is None:
+            return login
+        digest = hmac.new(self._key, (passcode or "").encode(), hashlib.sha256).digest()
+        with self._lock:
+            if (login, digest) in self._remembered:
+                self._remembered.move_to_end((login, digest))
+                return login
+        user = self.users.get(login)
+        ok = verify_password(passcode or "", user.password_hash if user else self._decoy)
+        if user is None or not ok:
+            return None
+        with self._lock:
+            self._remembered[(login, digest)] = login
+            while len(self._remembered) > _REMEMBERED:
+                self._remembered.popitem(last=False)
+        return login
+
+    def groups(self, user: str) -> tuple[str, ...]:
+        """The groups of `user` (none for anonymous or without a users file)."""
+        found = self.users.get(user) if self.users is not None else None
+        return found.groups if found is not None else ()
