@@ -36,8 +36,9 @@ class Authenticator:
         self._key = os.urandom(32)
         self._remembered: OrderedDict[tuple[str, bytes], str] = OrderedDict()
         self._lock = threading.Lock()  # checks run in threads
-        # Checked for an unknown user, so that it costs what a known one does.
-        self._decoy = hash_password(os.urandom(8).hex())
+        # Checked for an unknown user, so that it costs what a known one does; made at the
+        # first need (a hash costs tens of ms, and a gateway without users needs none).
+        self._decoy = ""
 
     def check(self, login: str | None, passcode: str | None) -> str | None:
         """The user a CONNECT with this login and passcode is, or None (refused)."""
@@ -51,7 +52,7 @@ class Authenticator:
                 self._remembered.move_to_end((login, digest))
                 return login
         user = self.users.get(login)
-        ok = verify_password(passcode or "", user.password_hash if user else self._decoy)
+        ok = verify_password(passcode or "", user.password_hash if user else self._decoy_hash())
         if user is None or not ok:
             return None
         with self._lock:
@@ -59,6 +60,12 @@ class Authenticator:
             while len(self._remembered) > _REMEMBERED:
                 self._remembered.popitem(last=False)
         return login
+
+    def _decoy_hash(self) -> str:
+        with self._lock:
+            if not self._decoy:
+                self._decoy = hash_password(os.urandom(8).hex())
+            return self._decoy
 
     def groups(self, user: str) -> tuple[str, ...]:
         """The groups of `user` (none for anonymous or without a users file)."""

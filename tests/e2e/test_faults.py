@@ -304,7 +304,15 @@ def test_a_killed_forkserver_is_replaced_and_its_workers_restarted(
     new_forkserver = broker.forkserver()
     assert new_forkserver.pid != forkserver.pid
     assert all(w.ppid() == new_forkserver.pid for w in broker.workers().values())
-    client = raw(broker)
+    # A new gateway listens a moment after its process exists.
+    deadline = time.monotonic() + 15
+    while True:
+        try:
+            client = raw(broker)
+            break
+        except ConnectionRefusedError:
+            assert time.monotonic() < deadline, "the new gateway never listened"
+            time.sleep(0.05)
     client.connect()
     subscribe(client, "/queue/again", "s")
     client.send("SEND", {"destination": "/queue/again"}, b"served")
