@@ -68,6 +68,9 @@ log = logging.getLogger("mpbroker.gateway")
 
 
 _LISTEN_BACKLOG = 1024
+# Password checks at once per gateway: each scrypt check holds 16 MiB, so a flood of
+# CONNECTs must not run dozens (trio's default) side by side; the rest wait their turn.
+_AUTH_THREADS = 2
 _CLOSE_TIMEOUT_S = 2.0
 
 
@@ -167,6 +170,7 @@ class Gateway:
         self.config = spec.config
         # The supervisor read the users file just before: it is readable.
         self.authenticator = self._load_authenticator(spec.config)
+        self._auth_limiter: trio.CapacityLimiter | None = None
         layout = spec.layout
         self.layout = layout
         self.index = spec.index
@@ -591,7 +595,11 @@ class Gateway:
         if auth.users is None or not login:
             user = auth.check(login, passcode)  # no hash to check: no thread
         else:
-            user = await trio.to_thread.run_sync(auth.check, login, passcode)
+            if self._auth_limiter is None:
+                self._auth_limiter = trio.CapacityLimiter(_AUTH_THREADS)
+            user = await trio.to_thread.run_sync(
+                auth.check, login, passcode, limiter=self._auth_limiter
+            )
         if user is None:
             log_collapsed(
                 log,
