@@ -550,15 +550,20 @@ def build_parser() -> argparse.ArgumentParser:
         sub.set_defaults(func=func)
         return sub
 
+    def group(name: str, summary: str, description: str) -> Any:
+        """A command with subcommands of its own (`mpbroker config show`)."""
+        parser = commands.add_parser(name, help=summary, description=description)
+        subcommands = parser.add_subparsers(dest=f"{name}_command", metavar="COMMAND")
+        subcommands.required = True
+        return subcommands
+
     _add_broker_options(add("serve", cmd_serve))
 
-    config = commands.add_parser(
+    config_commands = group(
         "config",
-        help="inspect the configuration, derive one, estimate memory",
-        description="Inspect the configuration, derive one, estimate memory.",
+        "inspect the configuration, derive one, estimate memory",
+        "Inspect the configuration, derive one, estimate memory.",
     )
-    config_commands = config.add_subparsers(dest="config_command", metavar="COMMAND")
-    config_commands.required = True
     _add_broker_options(add("show", cmd_config_show, config_commands))
     wizard = add("wizard", cmd_config_wizard, config_commands)
     for name, prompt, parse in _WIZARD_INPUTS:
@@ -593,26 +598,22 @@ def build_parser() -> argparse.ArgumentParser:
         help="body bytes of each message (e.g. 1KiB)",
     )
 
-    admin = commands.add_parser(
+    admin_commands = group(
         "admin",
-        help="ask a running broker how it is doing",
-        description="Ask a running broker's admin API (HTTP JSON on loopback).",
+        "ask a running broker how it is doing",
+        "Ask a running broker's admin API (HTTP JSON on loopback).",
     )
-    admin_commands = admin.add_subparsers(dest="admin_command", metavar="COMMAND")
-    admin_commands.required = True
     for name, func in (("status", cmd_admin_status), ("flow", cmd_admin_flow)):
         admin_parser = add(name, func, admin_commands)
         admin_parser.add_argument("--host", default="127.0.0.1", help="admin API address")
         admin_parser.add_argument("--port", type=int, default=8161, help="admin API port")
         admin_parser.add_argument("--json", action="store_true", help="print the raw JSON")
 
-    user = commands.add_parser(
+    user_commands = group(
         "user",
-        help="add, remove and list the users who may connect",
-        description="The users file (security.users_file): add, remove, list.",
+        "add, remove and list the users who may connect",
+        "The users file (security.users_file): add, remove, list.",
     )
-    user_commands = user.add_subparsers(dest="user_command", metavar="COMMAND")
-    user_commands.required = True
     for name, func in (("add", cmd_user_add), ("remove", cmd_user_remove), ("list", cmd_user_list)):
         user_parser = add(name, func, user_commands)
         if name != "list":
