@@ -40,6 +40,11 @@ class Authenticator:
         # first need (a hash costs tens of ms, and a gateway without users needs none).
         self._decoy = ""
 
+    def costly(self, login: str | None) -> bool:
+        """Whether checking this login means deriving a hash (tens of ms: a caller with an
+        event loop runs `check` in a thread then), or is answered at once."""
+        return bool(login) and self.users is not None
+
     def check(self, login: str | None, passcode: str | None) -> str | None:
         """The user a CONNECT with this login and passcode is, or None (refused)."""
         if not login:

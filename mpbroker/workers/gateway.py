@@ -170,7 +170,7 @@ class Gateway:
         self.config = spec.config
         # The supervisor read the users file just before: it is readable.
         self.authenticator = self._load_authenticator(spec.config)
-        self._auth_limiter: trio.CapacityLimiter | None = None
+        self._auth_limiter = trio.CapacityLimiter(_AUTH_THREADS)
         layout = spec.layout
         self.layout = layout
         self.index = spec.index
@@ -592,14 +592,12 @@ class Gateway:
         of ms); a refusal is an ERROR, the same for every reason, and a log line."""
         auth = self.authenticator
         login, passcode = frame.headers.get("login"), frame.headers.get("passcode")
-        if auth.users is None or not login:
-            user = auth.check(login, passcode)  # no hash to check: no thread
-        else:
-            if self._auth_limiter is None:
-                self._auth_limiter = trio.CapacityLimiter(_AUTH_THREADS)
+        if auth.costly(login):
             user = await trio.to_thread.run_sync(
                 auth.check, login, passcode, limiter=self._auth_limiter
             )
+        else:
+            user = auth.check(login, passcode)
         if user is None:
             log_collapsed(
                 log,
