@@ -80,7 +80,7 @@ class BrokerSettings:
         0, "gateway worker processes; 0 = one per usable CPU (as many as fit)", min=0, max=256
     )
     # Queues and topics are partitioned over the pipelines by a hash of their names, so the
-    # count a data dir was made with is kept (workers/_datadir.py).
+    # count a data dir was made with is kept (workers/datadir.py).
     p2p_workers: int = _setting(
         1,
         "point-to-point (queue) pipeline processes; 0 = one per usable CPU (as many as fit), "
