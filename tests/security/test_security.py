@@ -152,3 +152,10 @@ def test_rewriting_keeps_the_files_group_and_permissions_but_never_for_others(
     assert stat.S_IMODE(st.st_mode) == 0o640
     if os.getuid() == 0:
         assert st.st_gid == 65534
+
+
+def test_only_a_login_checked_against_a_users_file_costs_a_hash() -> None:
+    with_users = Authenticator({}, allow_anonymous=False)
+    assert with_users.costly("alice")
+    assert not with_users.costly(None) and not with_users.costly("")
+    assert not Authenticator(None, allow_anonymous=True).costly("alice")
