@@ -93,6 +93,11 @@ _SEND_CONTROL_HEADERS = frozenset(
     }
 )
 _ARTICLE = {"id": "an"}
+_IN_DOUBT_DETAIL = (
+    "The frames it covers (a SEND, an ACK, a COMMIT's messages, or for a DISCONNECT "
+    "everything before it) may or may not have been handled. Send again what must arrive; "
+    "a message sent again may then arrive twice."
+)
 
 
 class SessionError(Refusal):
@@ -214,6 +219,13 @@ class GatewaySession:
         # The ERROR message of a discard of our transactions not yet reported to the shell.
         self._discard_reason = ""
         self._pending_receipts: dict[int, _PendingReceipt] = {}
+        # Receipts a pipeline owes for a record that carries one (SEND, ACK, NACK,
+        # SUBSCRIBE, UNSUBSCRIBE): receipt -> (pipeline, how many records carry it).
+        self._owed: dict[str, tuple[int, int]] = {}
+        # Pipelines that restarted after this connection sent to them: what they took
+        # from their rings before dying may not have been handled, so a DISCONNECT receipt
+        # cannot promise it was (see `pipeline_restarted`).
+        self._in_doubt: set[int] = set()
         # Auto-ack deliveries per subscription handle: in `_data` (not taken yet), and taken
         # but not yet handed to the socket; credited at `data_sent()`.
         self._auto_delivered: dict[int, int] = {}
@@ -431,7 +443,8 @@ class GatewaySession:
         )
         tx = self._transaction_of(frame)
         if tx is None:
-            self._route(pipeline, Send(self.conn, message, headers.get("receipt", "")))
+            receipt = headers.get("receipt", "")
+            self._route(pipeline, Send(self.conn, message, receipt), receipt)
             return
         # Refused (LimitReached) or counted, maybe after discarding other connections'
         # transactions to make room (they hear of it through the budget).
@@ -498,6 +511,7 @@ class GatewaySession:
                 durable,
                 selector,
             ),
+            receipt,
         )
 
     def _selector(self, frame: Frame) -> str:
@@ -562,7 +576,7 @@ class GatewaySession:
             or "durable-subscription-name" in headers
             or headers.get("durable") == "true"
         )
-        self._route(sub.pipeline, Unsubscribe(self.conn, sub.handle, receipt, remove))
+        self._route(sub.pipeline, Unsubscribe(self.conn, sub.handle, receipt, remove), receipt)
 
     def _ack(self, frame: Frame, now_ms: int) -> None:
         self._settle(frame, nack=False)
@@ -606,7 +620,7 @@ class GatewaySession:
         else:
             record = Ack(self.conn, sub.handle, message_id, "" if tx else receipt)
         if tx is None:
-            self._route(sub.pipeline, record)
+            self._route(sub.pipeline, record, receipt)
         else:
             tx.routes.append((sub.pipeline, record))
             self._immediate_receipt(frame)
@@ -647,7 +661,15 @@ class GatewaySession:
     def _disconnect(self, frame: Frame, now_ms: int) -> None:
         receipt = frame.headers.get("receipt", "")
         self._abort_all()
-        if receipt:
+        if receipt and self._in_doubt:
+            # A pipeline this connection sent to restarted since: it cannot be promised.
+            self._fail(
+                f"receipt {receipt!r} in doubt: a broker worker restarted after this "
+                "connection sent to it",
+                _IN_DOUBT_DETAIL,
+                receipt,
+            )
+        elif receipt:
             # The receipt promises every earlier frame was handled: ask each pipeline
             # this connection talked to, and close once all have answered.
             self._state = transition(self._state, Event.DISCONNECT_RECEIPTED)
@@ -727,6 +749,10 @@ class GatewaySession:
 
     def receipt(self, receipt: str) -> None:
         """A pipeline answered a frame's receipt."""
+        self._paid(receipt)
+        self._write_receipt(receipt)
+
+    def _write_receipt(self, receipt: str) -> None:
         if self._state in WRITING:
             self._data.append(
                 encode_frame(Frame("RECEIPT", {"receipt-id": receipt}), self._version)
@@ -734,6 +760,8 @@ class GatewaySession:
 
     def refused(self, record: Refuse) -> None:
         """A pipeline refused a frame: an ERROR answering its receipt."""
+        if record.receipt:
+            self._paid(record.receipt)
         self._fail(record.message, record.detail, record.receipt)
 
     def barrier_done(self, token: int, pipeline: int) -> None:
@@ -746,9 +774,31 @@ class GatewaySession:
             del self._pending_receipts[token]
             self._receipt_done(pending)
 
-    def pipeline_restarted(self, pipeline: int) -> None:
-        """A pipeline restarted: register again every subscription it owns, and ask again
-        for the receipts it still owed (nothing once the connection is closed)."""
+    def pipeline_restarted(self, pipeline: int, *, replaced: bool = True) -> str:
+        """A pipeline (re)started: register again every subscription it owns.
+
+        If it `replaced` a dead incarnation, what that one had taken from its ring and
+        not finished (persistent SENDs waiting for their group commit, say) is gone, and
+        nobody can tell which frames those were. So a receipt it still owed is in doubt:
+        the connection gets an ERROR answering it and closes, as ActiveMQ's and Artemis'
+        clients report a commit "in doubt" after a failover, never a RECEIPT for frames
+        that may have been lost. If it owed none, a later DISCONNECT receipt cannot promise
+        that every earlier frame was handled either (`_disconnect`). Returns the ERROR's
+        message ("" if none), for the shell's log.
+        """
+        if self._state not in WRITING:
+            return ""
+        if replaced:
+            owed = [r for r, (p, _) in self._owed.items() if p == pipeline]
+            owed += [w.receipt for w in self._pending_receipts.values() if pipeline in w.waiting]
+            if owed:
+                message = (
+                    f"receipt {owed[0]!r} in doubt: a broker worker restarted before answering it"
+                )
+                self._fail(message, _IN_DOUBT_DETAIL, owed[0])
+                return message
+            if pipeline in self._touched:
+                self._in_doubt.add(pipeline)
         for sub in self._subs.values():
             if sub.pipeline == pipeline:
                 record = Subscribe(
@@ -762,9 +812,7 @@ class GatewaySession:
                     selector=sub.selector,
                 )
                 self._records.append((pipeline, record))
-        for token, pending in list(self._pending_receipts.items()):
-            if pipeline in pending.waiting:
-                self._records.append((pipeline, Barrier(self.conn, token)))
+        return ""
 
     # -- helpers -------------------------------------------------------------------------
 
@@ -788,9 +836,25 @@ class GatewaySession:
         self._data.append(encode_frame(Frame("ERROR", headers, body), self._version))
         self._state = transition(self._state, Event.ERROR)
 
-    def _route(self, pipeline: int, record: Record) -> None:
+    def _route(self, pipeline: int, record: Record, receipt: str = "") -> None:
+        """Send `record` to `pipeline`; `receipt` is the one it carries, which that
+        pipeline then owes."""
         self._touched.add(pipeline)
         self._records.append((pipeline, record))
+        if receipt:
+            _, count = self._owed.get(receipt, (pipeline, 0))
+            self._owed[receipt] = (pipeline, count + 1)
+
+    def _paid(self, receipt: str) -> None:
+        """A pipeline answered a receipt it owed (with a RECEIPT or an ERROR)."""
+        owed = self._owed.get(receipt)
+        if owed is None:
+            return
+        pipeline, count = owed
+        if count > 1:
+            self._owed[receipt] = (pipeline, count - 1)
+        else:
+            del self._owed[receipt]
 
     def _receipt_after(self, pipelines: set[int], receipt: str, *, then_close: bool) -> None:
         pending = _PendingReceipt(receipt, set(pipelines), then_close)
@@ -803,14 +867,14 @@ class GatewaySession:
             self._records.append((pipeline, Barrier(self.conn, token)))
 
     def _receipt_done(self, pending: _PendingReceipt) -> None:
-        self.receipt(pending.receipt)
+        self._write_receipt(pending.receipt)
         if pending.then_close and self._state is SessionState.DISCONNECTING:
             self._state = transition(self._state, Event.RECEIPTS_ANSWERED)
 
     def _immediate_receipt(self, frame: Frame) -> None:
         receipt = frame.headers.get("receipt")
         if receipt:
-            self.receipt(receipt)
+            self._write_receipt(receipt)
 
     def _required(self, frame: Frame, name: str) -> str:
         value = frame.headers.get(name)

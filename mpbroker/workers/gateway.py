@@ -329,7 +329,9 @@ class Gateway:
                 if incarnation > 0:
                     log.info("pipeline %d restarted: re-registering subscriptions", pipeline)
                 for conn in self.connections.values():
-                    conn.session.pipeline_restarted(pipeline)
+                    doubt = conn.session.pipeline_restarted(pipeline, replaced=incarnation > 0)
+                    if doubt:
+                        log.warning("connection from %s: %s", conn.peer, doubt)
                     restarted.append(conn)
                 pending_routes.append((pipeline, records.Registered(self.index, incarnation)))
                 # Its predecessor's stops are moot; it announces the ones that still hold.

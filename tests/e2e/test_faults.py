@@ -152,6 +152,44 @@ def test_pipeline_killed_under_traffic_broker_keeps_serving(
     assert len(bodies) == len(set(bodies)), "a message was delivered twice"
 
 
+def test_receipts_a_killed_pipeline_owed_are_answered_in_doubt(
+    start_broker: type[BrokerProcess], raw: RawFactory
+) -> None:
+    """A persistent SEND waiting in the p2p worker's group commit dies with it: its RECEIPT
+    must never come. The sender gets an ERROR saying the receipt is in doubt (it used to
+    hear nothing at all), and a DISCONNECT receipt of a connection that sent to the dead
+    worker is in doubt too (it used to be answered, though the message was gone)."""
+    # A long group-commit delay keeps the messages in the worker's memory, unstored.
+    config = "[store]\ncommit_max_delay_ms = 60000\n"
+    broker = start_broker(config=config)
+    waiting = raw(broker)
+    waiting.connect()
+    waiting.send("SEND", {"destination": "/queue/doubt", "persistent": "true", "receipt": "r1"})
+    leaving = raw(broker)
+    leaving.connect()
+    leaving.send("SEND", {"destination": "/queue/doubt", "persistent": "true"}, b"unreceipted")
+    time.sleep(0.5)  # both read from the ring into the commit buffer
+    victim = broker.workers()["p2p 0"]
+    victim.kill()
+    broker.wait_for_worker("p2p 0", not_pid=victim.pid)
+    error = waiting.recv(timeout=15)
+    assert error.command == "ERROR"
+    assert error.headers["receipt-id"] == "r1"
+    assert error.headers["message"] == (
+        "receipt 'r1' in doubt: a broker worker restarted before answering it"
+    )
+    leaving.send("DISCONNECT", {"receipt": "bye"})
+    error = leaving.recv(timeout=15)
+    assert (error.command, error.headers["receipt-id"]) == ("ERROR", "bye")
+    broker.wait_for_log(r"receipt 'r1' in doubt")
+    # A connection made after the restart is not in doubt.
+    fresh = raw(broker)
+    fresh.connect()
+    fresh.send("SEND", {"destination": "/queue/doubt", "receipt": "r2"}, b"after")
+    fresh.send("DISCONNECT", {"receipt": "bye"})
+    assert [f.headers["receipt-id"] for f in (fresh.recv(), fresh.recv())] == ["r2", "bye"]
+
+
 def test_gateway_killed_other_connections_carry_on(
     start_broker: type[BrokerProcess], raw: RawFactory
 ) -> None:

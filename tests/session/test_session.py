@@ -1093,6 +1093,98 @@ def test_disconnect_receipt_waits_for_every_touched_pipeline() -> None:
     assert session.state is SessionState.CLOSING
 
 
+# -- a pipeline that restarts owes what it took with it -----------------------------------
+
+
+def test_a_receipt_a_dead_pipeline_owed_is_answered_by_an_error_in_doubt() -> None:
+    session = connected()
+    session.frame_received(frame("SEND", b"1", destination="/queue/a", receipt="r1"), NOW)
+    [(pipeline, send)] = routes(session)
+    assert isinstance(send, Send) and send.receipt == "r1"
+    assert session.pipeline_restarted(pipeline) == (
+        "receipt 'r1' in doubt: a broker worker restarted before answering it"
+    )
+    error = error_of(session)
+    assert error.headers["receipt-id"] == "r1"
+    assert "may or may not have been handled" in error.body.decode()
+    assert routes(session) == []  # nothing registered again for a connection that ends
+
+
+def test_a_receipt_already_answered_is_not_in_doubt() -> None:
+    session = connected()
+    session.frame_received(frame("SEND", destination="/queue/a", receipt="r1"), NOW)
+    session.frame_received(frame("SEND", destination="/queue/a", receipt="r2"), NOW)
+    [(pipeline, _), _] = routes(session)
+    session.receipt("r1")
+    assert [f.headers["receipt-id"] for f in frames(session)] == ["r1"]
+    session.receipt("r2")
+    frames(session)
+    assert session.pipeline_restarted(pipeline) == ""
+    assert session.state is SessionState.CONNECTED
+
+
+def test_one_receipt_id_on_two_frames_stays_owed_until_both_are_answered() -> None:
+    session = connected()
+    for _ in range(2):
+        session.frame_received(frame("SEND", destination="/queue/a", receipt="r"), NOW)
+    [(pipeline, _), _] = routes(session)
+    session.receipt("r")
+    frames(session)
+    assert session.pipeline_restarted(pipeline).startswith("receipt 'r' in doubt")
+
+
+def test_a_commit_receipt_waiting_on_a_restarted_pipeline_is_in_doubt() -> None:
+    """Its SENDs reached the dead pipeline with the Barrier after them: any of them may
+    have died in its commit buffer, so the new one's answer would promise too much."""
+    session = connected()
+    session.frame_received(frame("BEGIN", transaction="tx"), NOW)
+    session.frame_received(frame("SEND", destination="/queue/a", transaction="tx"), NOW)
+    session.frame_received(frame("COMMIT", transaction="tx", receipt="done"), NOW)
+    pipeline = next(p for p, r in routes(session) if isinstance(r, Barrier))
+    session.pipeline_restarted(pipeline)
+    error = error_of(session)
+    assert error.headers["receipt-id"] == "done"
+    assert "in doubt" in error.headers["message"]
+
+
+def test_a_pipeline_that_starts_for_the_first_time_puts_nothing_in_doubt() -> None:
+    session = connected()
+    session.frame_received(frame("SEND", destination="/queue/a", receipt="r"), NOW)
+    [(pipeline, _)] = routes(session)
+    assert session.pipeline_restarted(pipeline, replaced=False) == ""
+    assert session.state is SessionState.CONNECTED
+    session.frame_received(frame("DISCONNECT", receipt="bye"), NOW)
+    assert any(isinstance(r, Barrier) for _, r in routes(session))
+
+
+def test_a_restart_of_another_pipeline_changes_nothing() -> None:
+    session = connected()
+    sub = subscribed(session, "s", "/queue/a")
+    session.frame_received(frame("SEND", destination="/queue/a", receipt="r"), NOW)
+    routes(session)
+    other = next(p for p in range(5) if p != TOPOLOGY.owner("/queue/a"))
+    assert session.pipeline_restarted(other) == ""
+    assert routes(session) == []
+    session.pipeline_restarted(TOPOLOGY.owner("/queue/a"))
+    assert error_of(session).headers["receipt-id"] == "r"
+    assert not session.deliver(sub.sub, make_message())
+
+
+def test_a_disconnect_receipt_after_a_pipeline_restarted_is_in_doubt() -> None:
+    """Frames sent without a receipt may have died with the pipeline: a DISCONNECT receipt
+    promises they were all handled, which nobody can promise any more."""
+    session = connected()
+    sub = subscribed(session, "s", "/queue/a")
+    session.frame_received(frame("SEND", destination="/queue/a"), NOW)
+    routes(session)
+    assert session.pipeline_restarted(sub_pipeline := TOPOLOGY.owner("/queue/a")) == ""
+    assert routes(session) == [(sub_pipeline, sub)]  # registered again
+    session.frame_received(frame("DISCONNECT", receipt="bye"), NOW)
+    error = error_of(session)
+    assert error.headers["receipt-id"] == "bye"
+    assert "in doubt" in error.headers["message"]
+
+
 def test_no_frame_is_read_after_disconnect() -> None:
     session = connected()
     session.frame_received(frame("SEND", destination="/queue/a"), NOW)
@@ -1134,15 +1226,16 @@ def test_a_restarted_pipeline_gets_again_the_subscriptions_what_a_restarted_pipe
     ]
 
 
-def test_a_restarted_pipeline_gets_again_the_barriers_still_waiting_on_that_pipeline() -> None:
+def test_a_disconnect_receipt_waiting_on_a_restarted_pipeline_is_in_doubt() -> None:
     session = connected()
     session.frame_received(frame("SEND", destination="/queue/q"), NOW)
     session.frame_received(frame("DISCONNECT", receipt="bye"), NOW)
-    [(pipeline, barrier)] = [(p, r) for p, r in routes(session) if isinstance(r, Barrier)]
-    session.pipeline_restarted(pipeline)
-    assert routes(session) == [(pipeline, barrier)]
-    session.pipeline_restarted(pipeline + 1)
+    [(pipeline, _)] = [(p, r) for p, r in routes(session) if isinstance(r, Barrier)]
+    assert session.state is SessionState.DISCONNECTING
+    assert session.pipeline_restarted(pipeline + 1) == ""
     assert routes(session) == []
+    session.pipeline_restarted(pipeline)
+    assert error_of(session).headers["receipt-id"] == "bye"
 
 
 def test_closing_tells_every_touched_pipeline_last_and_once() -> None:
