@@ -137,6 +137,12 @@ class P2PPipeline(Pipeline):
         ):
             return  # it waits for room in its quota
         if isinstance(record, Barrier):
+            if (
+                self.quota_room is not None
+                and not reserved
+                and self.quota_room.holds_barrier(gateway, record)
+            ):
+                return  # it waits for the SENDs of its connection still in the quota room
             # A barrier answers for every earlier frame: commit those first, and answer
             # the acknowledgements before it (a COMMIT's or DISCONNECT's RECEIPT must not
             # overtake the ERROR of an ACK that could not be stored).

@@ -5,6 +5,11 @@ timeout), in the order the quota's policy gives (`QuotaBook`), while the gateway
 destination's other producers (a flow-control stop, store `quotas`); a message larger than
 the quota could ever hold is refused at once. Messages leaving give room back: the engine's
 effects name the tickets let in.
+
+A Barrier (a COMMIT's or DISCONNECT's receipt) answers for every earlier frame of its
+connection, so one that arrives while a SEND of that connection waits here waits too,
+until those SENDs were let in or refused: a RECEIPT must not overtake a message that was
+not yet stored (or not yet refused).
 """
 
 from __future__ import annotations
@@ -16,7 +21,7 @@ from dataclasses import dataclass
 from mpbroker.engine import Outbox
 from mpbroker.errors import LimitReached, NeverFits
 from mpbroker.flow import QuotaBook
-from mpbroker.records import Refuse, Send, message_size
+from mpbroker.records import Barrier, Refuse, Send, message_size
 
 __all__ = ["QuotaWaitingRoom", "StopChange"]
 
@@ -41,6 +46,18 @@ class QuotaWaitingRoom:
         self._held: dict[int, tuple[int, Send, int]] = {}  # ticket -> gateway, SEND, deadline
         self._tickets = itertools.count(1)
         self._stops: dict[str, str] = {}  # destinations whose producers are held -> reason
+        # Barriers waiting for earlier SENDs of their connection: gateway, Barrier, and the
+        # last ticket given out when it came (later SENDs do not hold it).
+        self._barriers: list[tuple[int, Barrier, int]] = []
+        self._last_ticket = 0
+
+    def holds_barrier(self, gateway: int, barrier: Barrier) -> bool:
+        """Whether `barrier` must wait for a SEND of its connection waiting here (True: it
+        is kept, and `step` gives it back once those SENDs are gone)."""
+        if not any(g == gateway and r.conn == barrier.conn for g, r, _ in self._held.values()):
+            return False
+        self._barriers.append((gateway, barrier, self._last_ticket))
+        return True
 
     def admit(self, gateway: int, record: Send, now_ms: int) -> bool:
         """Room for a SEND in its destination's quota: True if it may go on now; else it
@@ -58,7 +75,7 @@ class QuotaWaitingRoom:
             )
             self.outbox.add(gateway, Refuse.of(record.conn, refusal, record.receipt))
             return False
-        ticket = next(self._tickets)
+        ticket = self._last_ticket = next(self._tickets)
         if quotas.request(ticket, destination, message.size):
             return True
         deadline = now_ms + self.send_timeout_ms(destination)
@@ -67,11 +84,11 @@ class QuotaWaitingRoom:
 
     def step(
         self, granted: list[int], now_ms: int
-    ) -> tuple[list[tuple[int, Send]], list[StopChange]]:
+    ) -> tuple[list[tuple[int, Send | Barrier]], list[StopChange]]:
         """Let in the SENDs their quota has room for now (`granted`: the tickets room was
         given back for); refuse those whose send timeout passed. Returns the SENDs let in,
-        in order (the pipeline handles them now), and the destinations whose producers
-        must now be stopped or may go again."""
+        in order, then the Barriers no longer waiting for any (the pipeline handles them
+        now), and the destinations whose producers must now be stopped or may go again."""
         granted = list(granted)
         quotas = self.quotas
         for ticket, (gateway, record, deadline) in list(self._held.items()):
@@ -88,11 +105,13 @@ class QuotaWaitingRoom:
                 "room in the quota.",
             )
             self.outbox.add(gateway, Refuse.of(record.conn, refusal, record.receipt))
-        admitted = []
+        admitted: list[tuple[int, Send | Barrier]] = []
         for ticket in granted:
             held = self._held.pop(ticket, None)
             if held is not None:
                 admitted.append((held[0], held[1]))
+        if self._barriers:
+            admitted += self._released_barriers()
         waiting = {record.message.destination for _, record, _ in self._held.values()}
         changes = []
         for destination in waiting - self._stops.keys():
@@ -102,6 +121,20 @@ class QuotaWaitingRoom:
             del self._stops[destination]
             changes.append(StopChange(destination, ""))
         return admitted, changes
+
+    def _released_barriers(self) -> list[tuple[int, Barrier]]:
+        released = []
+        waiting = []
+        for gateway, barrier, mark in self._barriers:
+            if any(
+                ticket <= mark and g == gateway and r.conn == barrier.conn
+                for ticket, (g, r, _) in self._held.items()
+            ):
+                waiting.append((gateway, barrier, mark))
+            else:
+                released.append((gateway, barrier))
+        self._barriers = waiting
+        return released
 
     def stops(self) -> dict[str, str]:
         """The destinations whose producers are held now, and why."""

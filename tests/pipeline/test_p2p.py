@@ -166,6 +166,27 @@ def test_a_full_quota_holds_a_send_until_a_message_leaves(open_pipeline: Any) ->
     assert of_type(out, FlowState, 1) == [FlowState(0, STORE_QUOTAS, "/queue/q", "")]
 
 
+def test_a_commit_receipt_waits_for_its_send_in_the_quota_room(open_pipeline: Any) -> None:
+    settings = config(
+        stomp={"max_frame_bytes": 1024, "max_header_bytes": 512},
+        quotas={"one": {"max_messages": 1, "max_bytes": 1024}},
+        destinations={"/queue/*": {"quota": "one"}},
+    )
+    pipeline = open_pipeline(settings=settings)
+    out = turn(
+        pipeline,
+        (0, Send(1, message(1))),
+        (0, Send(2, message(2, persistent=True))),
+        (0, Barrier(2, 9)),
+        (0, Barrier(1, 8)),
+    )
+    assert of_type(out, BarrierDone) == [BarrierDone(1, 8, 0)]  # connection 2's waits
+    turn(pipeline, (0, subscribe()))
+    out = turn(pipeline, (0, Ack(1, 1, "m1")))  # m1 leaves: m2 is let in, then stored
+    assert of_type(out, BarrierDone) == [BarrierDone(2, 9, 0)]
+    assert [d.message.message_id for d in of_type(out, Deliver)] == ["m2"]
+
+
 def test_reload_judges_every_queue_again(open_pipeline: Any) -> None:
     pipeline = open_pipeline()
     turn(pipeline, *[(0, Send(1, message(n))) for n in range(3)])

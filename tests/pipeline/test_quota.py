@@ -7,7 +7,7 @@ from mpbroker.config import config_from_mapping
 from mpbroker.engine import Outbox
 from mpbroker.flow import QuotaBook
 from mpbroker.pipeline import QuotaWaitingRoom, StopChange
-from mpbroker.records import Refuse, Send
+from mpbroker.records import Barrier, Refuse, Send
 from tests.factories import make_message
 
 CONFIG = config_from_mapping(
@@ -79,3 +79,31 @@ def test_destinations_without_a_quota_always_go() -> None:
     for n in range(5):
         assert waiting_room.admit(0, send(n, "/topic/elsewhere"), now_ms=0)
     assert outbox.take() == {}
+
+
+def test_a_barrier_waits_for_the_sends_of_its_connection_that_wait() -> None:
+    """A COMMIT's RECEIPT must not overtake its messages: its Barrier waits until they
+    are let in (or refused), then comes after them."""
+    waiting_room, quotas, _ = room()
+    assert waiting_room.admit(0, send(1), now_ms=0)
+    assert not waiting_room.admit(0, send(2), now_ms=0)  # connection 1 waits
+    assert not waiting_room.holds_barrier(0, Barrier(2, 7))  # another connection: goes
+    assert not waiting_room.holds_barrier(1, Barrier(1, 7))  # another gateway: goes
+    assert waiting_room.holds_barrier(0, Barrier(1, 8))
+    assert not waiting_room.admit(0, send(3), now_ms=0)  # after the barrier: holds it not
+    assert waiting_room.step([], now_ms=10)[0] == []
+    granted = quotas.release("/queue/q", 1, send(1).message.size)
+    admitted, _ = waiting_room.step(granted, now_ms=20)
+    assert [type(r).__name__ for _, r in admitted] == ["Send", "Barrier"]
+    assert admitted[1] == (0, Barrier(1, 8))
+
+
+def test_a_barrier_waiting_for_a_send_that_times_out_follows_its_refusal() -> None:
+    waiting_room, _, outbox = room()
+    assert waiting_room.admit(0, send(1), now_ms=0)
+    assert not waiting_room.admit(0, send(2), now_ms=0)
+    assert waiting_room.holds_barrier(0, Barrier(1, 8))
+    admitted, _ = waiting_room.step([], now_ms=100)
+    [refuse] = outbox.take()[0]
+    assert isinstance(refuse, Refuse) and refuse.receipt == "r2"
+    assert admitted == [(0, Barrier(1, 8))]
