@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from mpbroker import __version__
 from mpbroker.config import (
+    ACL_PERMISSIONS,
     LOG_FORMATS,
     LOG_LEVELS,
     Config,
@@ -187,6 +188,11 @@ def cmd_config_show(args: argparse.Namespace) -> int:
         for name, value in table.items():
             shown = json.dumps(value) if isinstance(value, str | bool) else value
             print(f"{name} = {shown}  # overrides the default for matching destinations")
+    for entry in config.acl:
+        print("\n[[security.acl]]")
+        print(f"destination = {json.dumps(entry.destination)}")
+        for permission in ACL_PERMISSIONS:
+            print(f"{permission} = {json.dumps(list(getattr(entry, permission)))}")
     print()
     for line in render_plan(plan(config)):
         print(f"# {line}")

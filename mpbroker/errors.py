@@ -76,3 +76,14 @@ class AuthenticationFailed(Refusal):
 
     def __init__(self) -> None:
         super().__init__("authentication failed")
+
+
+class AccessDenied(Refusal):
+    """A frame asked for something the user's permissions ([[security.acl]]) do not grant:
+    `permission` is read, write or admin."""
+
+    def __init__(self, user: str, permission: str, destination: str, detail: str = "") -> None:
+        self.user = user
+        self.permission = permission
+        self.destination = destination
+        super().__init__(f"access denied: user {user} may not {permission} {destination}", detail)

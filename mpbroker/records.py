@@ -149,6 +149,9 @@ class Subscribe(msgspec.Struct, array_like=True, gc=False):
     durable: str = ""
     # JMS message selector (docs/selectors.md), checked by the gateway; "" selects all.
     selector: str = ""
+    # Who subscribes (the authenticated user; "" without a users file): a durable
+    # subscription belongs to the user who created it.
+    user: str = ""
 
 
 class Unsubscribe(msgspec.Struct, array_like=True, gc=False):

@@ -16,10 +16,12 @@ from ._errors import ConfigError
 from ._load import config_from_mapping, iter_settings, load_config, replace_settings
 from ._reload import RELOADABLE_FIELDS, RELOADABLE_SECTIONS, reload_flow_settings
 from ._schema import (
+    ACL_PERMISSIONS,
     DEFAULT_QUOTA,
     DESTINATION_KEYS,
     LOG_FORMATS,
     LOG_LEVELS,
+    AclEntry,
     AdminSettings,
     BrokerSettings,
     CompressionSettings,
@@ -44,12 +46,14 @@ from ._units import GiB, KiB, MiB, format_bytes, parse_size
 from ._values import DiskFreeLimit, MemLevel, parse_disk_free_limit, parse_levels, parse_log_fields
 
 __all__ = [
+    "ACL_PERMISSIONS",
     "DEFAULT_QUOTA",
     "DESTINATION_KEYS",
     "LOG_FORMATS",
     "LOG_LEVELS",
     "RELOADABLE_FIELDS",
     "RELOADABLE_SECTIONS",
+    "AclEntry",
     "AdminSettings",
     "BrokerSettings",
     "CompressionSettings",

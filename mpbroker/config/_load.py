@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 import tomllib
 from collections.abc import Mapping
 from pathlib import Path
@@ -13,7 +14,9 @@ from typing import Any
 
 from ._errors import ConfigError
 from ._schema import (
+    ACL_PERMISSIONS,
     DESTINATION_KEYS,
+    AclEntry,
     Config,
     DestinationSettings,
     QuotaConfig,
@@ -85,6 +88,9 @@ def config_from_mapping(data: Mapping[str, Any]) -> Config:
             raise ConfigError(name, value, "unknown section; known: " + ", ".join(sections))
         if not isinstance(value, Mapping):
             raise ConfigError(name, value, "must be a table of settings")
+        if name == "security" and "acl" in value:
+            built["acl"] = _acl_entries(value["acl"])
+            value = {k: v for k, v in value.items() if k != "acl"}
         default = sections[name]
         fields = {f.name: f for f in dataclasses.fields(default)}
         kwargs: dict[str, Any] = {}
@@ -96,6 +102,14 @@ def config_from_mapping(data: Mapping[str, Any]) -> Config:
         built[name] = dataclasses.replace(default, **kwargs)
     config = Config(**built)
     check_consistency(config)
+    if config.acl and not config.security.users_file:
+        # Without a users file a login is whatever the client says: anyone could be anyone.
+        raise ConfigError(
+            "security.acl",
+            f"{len(config.acl)} entries",
+            "needs security.users_file (logins are "
+            "not checked without one, so an entry would protect nothing)",
+        )
     return config
 
 
@@ -160,6 +174,47 @@ def _quota_tables(data: object) -> tuple[QuotaConfig, ...]:
     return tuple(quotas)
 
 
+# A user or group name (as the users file allows them: mpbroker.security.check_name).
+_PRINCIPAL_NAME = re.compile(r"[A-Za-z0-9._@-]{1,128}")
+
+
+def _acl_entries(data: object) -> tuple[AclEntry, ...]:
+    if not isinstance(data, list):
+        raise ConfigError("security.acl", data, "must be entries: [[security.acl]]")
+    entries = []
+    for number, table in enumerate(data, start=1):
+        where = f"security.acl[{number}]"
+        if not isinstance(table, Mapping):
+            raise ConfigError(where, table, "must be a table: [[security.acl]]")
+        unknown = [k for k in table if k not in ("destination", *ACL_PERMISSIONS)]
+        if unknown:
+            known = ", ".join(("destination", *ACL_PERMISSIONS))
+            raise ConfigError(
+                f"{where}.{unknown[0]}", table[unknown[0]], f"unknown; known: {known}"
+            )
+        pattern = table.get("destination")
+        if not isinstance(pattern, str) or not pattern.startswith(("/queue/", "/topic/")):
+            raise ConfigError(
+                f"{where}.destination", pattern, "a pattern that starts with /queue/ or /topic/"
+            )
+        granted: dict[str, tuple[str, ...]] = {}
+        for permission in ACL_PERMISSIONS:
+            names = table.get(permission, [])
+            if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+                raise ConfigError(f"{where}.{permission}", names, "must be a list of names")
+            for name in names:
+                bare = name.removeprefix("group:")
+                if name != "*" and not _PRINCIPAL_NAME.fullmatch(bare):
+                    raise ConfigError(
+                        f"{where}.{permission}",
+                        name,
+                        "a user name, group:NAME or * (names: letters, digits and . _ @ -)",
+                    )
+            granted[permission] = tuple(names)
+        entries.append(AclEntry(pattern, **granted))
+    return tuple(entries)
+
+
 def load_config(path: str | Path | None = None) -> Config:
     """The embedded defaults, overlaid with a TOML file when one is given."""
     if path is None:
@@ -202,4 +257,8 @@ def replace_settings(config: Config, section: str, **changes: Any) -> Config:
         for q in config.quotas
     }
     merged.update(data)
+    merged["security"]["acl"] = [
+        {k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(e).items()}
+        for e in config.acl
+    ]
     return config_from_mapping(merged)

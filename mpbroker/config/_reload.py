@@ -62,6 +62,7 @@ def reload_flow_settings(old: Config, new: Config) -> tuple[Config, list[str]]:
         ]
     if old.quotas != new.quotas:
         ignored.append("quotas")
-    effective = Config(**changes, destinations=new.destinations, quotas=old.quotas)
+    # Who may read and write what is reloaded whole, like the users file.
+    effective = Config(**changes, destinations=new.destinations, quotas=old.quotas, acl=new.acl)
     check_consistency(effective)
     return effective, ignored

@@ -100,6 +100,18 @@ class BrokerSettings:
     max_connections: int = _setting(
         10000, "client connections accepted at once, over all gateways", min=1
     )
+    # Loopback clients all come from one address, so there is no default limit; set one
+    # on a broker that listens on the network.
+    max_connections_per_address: int = _setting(
+        0, "client connections accepted at once from one IP address (0 = no limit)", min=0
+    )
+    # Sockets that have not completed CONNECT (and authentication) cost little to open and
+    # hold; their own limit keeps them from taking max_connections from real clients.
+    max_connections_connecting: int = _setting(
+        1000,
+        "connections that have not completed CONNECT, over all gateways; more are refused",
+        min=1,
+    )
     shutdown_timeout_ms: int = _setting(
         10000, "how long SIGTERM waits for workers before killing them", min=0
     )
@@ -151,6 +163,19 @@ class StompSettings:
     # and would hold its connection (and its buffer) for ever.
     frame_timeout_ms: int = _setting(
         30000, "time a frame that has started has to complete (0 = no limit)", min=0
+    )
+    # STOMP over TLS: a second listener on every gateway, beside the plain port (which
+    # stays; bind it to loopback when only TLS may come from outside).
+    tls_port: int = _setting(
+        -1, "STOMP over TLS port; -1 = no TLS listener, 0 picks a free one", min=-1, max=65535
+    )
+    tls_cert_file: str = _setting("", "the TLS listener's certificate chain (PEM)")
+    tls_key_file: str = _setting("", "the private key of tls_cert_file (PEM)")
+    tls_ca_file: str = _setting(
+        "", 'CA certificates (PEM) client certificates are checked against; "" = none'
+    )
+    tls_require_client_cert: bool = _setting(
+        False, "a TLS client must present a certificate signed by tls_ca_file"
     )
     # The server's heart-beat offer (cx, cy in CONNECTED): the shortest intervals it
     # agrees to send and to expect. 0 switches that direction off.
@@ -641,6 +666,26 @@ class QuotaConfig:
 
 DEFAULT_QUOTA: Final = "default"
 
+# What an [[security.acl]] entry grants: read (SUBSCRIBE), write (SEND), admin (durable
+# subscriptions, and reading the dead-letter queue of a queue one administers).
+ACL_PERMISSIONS: Final = ("read", "write", "admin")
+
+
+@dataclass(frozen=True, slots=True)
+class AclEntry:
+    """One [[security.acl]] entry: who may read, write and administer the destinations
+    `destination` matches (a [destinations] pattern). Each name is a user, `group:NAME`,
+    or `*` (everyone who got in, anonymous connections included)."""
+
+    destination: str
+    read: tuple[str, ...] = ()
+    write: tuple[str, ...] = ()
+    admin: tuple[str, ...] = ()
+
+    def matches(self, destination: str) -> bool:
+        return fnmatch.fnmatchcase(destination, self.destination)
+
+
 # Settings a [destinations."<pattern>"] table may override, and the section whose setting
 # it overrides (documentation, allowed range).
 DESTINATION_KEYS: Final = {
@@ -743,6 +788,8 @@ class Config:
     destinations: tuple[DestinationSettings, ...] = field(default=(), metadata={"tables": True})
     # [quotas.NAME] tables.
     quotas: tuple[QuotaConfig, ...] = field(default=(), metadata={"tables": True})
+    # [[security.acl]] entries, in file order (all that match count: see mpbroker.security).
+    acl: tuple[AclEntry, ...] = field(default=(), metadata={"tables": True})
 
     def setting_for(self, destination: str, key: str) -> Any:
         """A setting as it applies to `destination`: its [destinations] table's value, or

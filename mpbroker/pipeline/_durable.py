@@ -47,6 +47,7 @@ from mpbroker.engine import (
     StoredRef,
     TopicEngine,
 )
+from mpbroker.errors import AccessDenied
 from mpbroker.flow import FlowTracker, expired_log_line, expiry_policies
 from mpbroker.records import (
     Ack,
@@ -66,6 +67,7 @@ from mpbroker.records import (
     Unsubscribe,
     message_size,
 )
+from mpbroker.security import ANONYMOUS
 from mpbroker.selector import Selector, SelectorError, SelectorIndex, compile_selector
 from mpbroker.stores import CommitBuffer, StoreError, TopicStore
 
@@ -247,6 +249,8 @@ class _Durable:
     topic: str
     # Its JMS selector: only the messages it selects are kept for it (None: all).
     selector: Selector | None = None
+    # The user it belongs to ("": nobody, as before there were users).
+    owner: str = ""
     consumer: ConsumerKey | None = None
     replaying: bool = False
     request_id: int = 0  # the batch we wait for (0: none asked)
@@ -293,8 +297,10 @@ class Durables:
         self.unfiltered: dict[str, set[str]] = {}
         self.selective: dict[str, SelectorIndex[str]] = {}
         selectors = store.selectors()
+        owners = store.owners()
         for name, topic in store.subscriptions().items():
-            self._register(_Durable(name, topic, _stored_selector(name, selectors.get(name))))
+            selector = _stored_selector(name, selectors.get(name))
+            self._register(_Durable(name, topic, selector, owners.get(name, "")))
         self.active: dict[ConsumerKey, str] = {}
         self.replaying: set[str] = set()
         # Records for our replay worker (`take_replay_records`).
@@ -524,11 +530,23 @@ class Durables:
         # Its queue holds only what the selector selected: its consumer selects all of it.
         queue_record = msgspec.structs.replace(record, destination=durable_queue(name), selector="")
         d = self.subs.get(name)
+        if d is not None and d.consumer == key:
+            # Re-registration repeating a Subscribe still in the ring.
+            self.queues.handle(gateway, queue_record)
+            return
+        if d is not None and d.owner and d.owner != record.user:
+            # Another application reusing the client-id and name must not read (or by
+            # replacing it, delete) this one's backlog.
+            refusal = AccessDenied(
+                record.user or ANONYMOUS,
+                "use",
+                f"durable subscription {name!r}",
+                "It belongs to another user. Nothing was subscribed.",
+            )
+            self.outbox.add(gateway, Refuse.of(record.conn, refusal, record.receipt))
+            log.warning("%s (it belongs to %s)", refusal.message, d.owner)
+            return
         if d is not None and d.consumer is not None:
-            if d.consumer == key:
-                # Re-registration repeating a Subscribe still in the ring.
-                self.queues.handle(gateway, queue_record)
-                return
             self.outbox.add(
                 gateway,
                 Refuse(
@@ -557,7 +575,7 @@ class Durables:
                 )
                 self._remove(d)
             try:
-                self.store.subscribe(name, record.destination, record.selector)
+                self.store.subscribe(name, record.destination, record.selector, record.user)
             except StoreError as exc:
                 self.outbox.add(
                     gateway,
@@ -569,7 +587,7 @@ class Durables:
                     ),
                 )
                 return
-            d = _Durable(name, record.destination, selector)
+            d = _Durable(name, record.destination, selector, record.user)
             self._register(d)
             # Until its first (empty) replay ends, like any subscription that replays.
             self._park(d)
@@ -579,6 +597,18 @@ class Durables:
                 d.topic,
                 f" with selector {record.selector!r}" if selector else "",
             )
+        elif not d.owner and record.user:
+            # Made before there were users: the first user to subscribe takes it.
+            try:
+                self.store.claim(name, record.user)
+            except StoreError as exc:
+                self.outbox.add(
+                    gateway,
+                    Refuse(record.conn, exc.client_text, "Nothing was subscribed.", record.receipt),
+                )
+                return
+            d.owner = record.user
+            log.info("durable subscription %r now belongs to %s", name, record.user)
         self.queues.handle(gateway, queue_record)
         d.consumer = key
         self.active[key] = name

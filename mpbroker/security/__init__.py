@@ -5,8 +5,10 @@ login and passcode go through.
 * `_users`: the users file: parsing and writing it (pure), loading and saving it.
 * `_auth`: `Authenticator`, the check itself: the same answer, and about the same time, for
   an unknown user as for a wrong passcode; successful checks remembered.
+* `_acl`: `AccessControl`, who may read, write and administer which destinations.
 """
 
+from ._acl import EVERYONE, GROUP_PREFIX, AccessControl
 from ._auth import ANONYMOUS, Authenticator
 from ._kdf import hash_password, verify_password
 from ._users import (
@@ -22,6 +24,9 @@ from ._users import (
 
 __all__ = [
     "ANONYMOUS",
+    "EVERYONE",
+    "GROUP_PREFIX",
+    "AccessControl",
     "Authenticator",
     "User",
     "UsersFileError",

@@ -31,7 +31,7 @@ from typing import ClassVar
 
 from mpbroker.compression import CorruptBody, compress, decompress
 from mpbroker.config import Config
-from mpbroker.errors import LimitReached, MessageTooLarge, Refusal
+from mpbroker.errors import AccessDenied, LimitReached, MessageTooLarge, Refusal
 from mpbroker.records import (
     ACK_AUTO,
     ACK_MODES,
@@ -49,6 +49,7 @@ from mpbroker.records import (
     message_size,
 )
 from mpbroker.routing import Topology, UnknownDestination, parse_destination
+from mpbroker.security import ANONYMOUS, AccessControl
 from mpbroker.selector import SelectorError, compile_selector
 from mpbroker.stomp import (
     SUPPORTED_VERSIONS,
@@ -93,6 +94,9 @@ _SEND_CONTROL_HEADERS = frozenset(
     }
 )
 _ARTICLE = {"id": "an"}
+# Access answers a connection remembers (a client sending to ever new destinations
+# starts again from nothing past this many).
+_PERMITS_REMEMBERED = 1024
 _IN_DOUBT_DETAIL = (
     "The frames it covers (a SEND, an ACK, a COMMIT's messages, or for a DISCONNECT "
     "everything before it) may or may not have been handled. Send again what must arrive; "
@@ -193,6 +197,7 @@ class GatewaySession:
         topology: Topology,
         message_ids: Iterator[str],
         tx_budget: TransactionBudget,
+        access: AccessControl | None = None,
     ) -> None:
         self.conn = conn
         self.config = config
@@ -205,8 +210,18 @@ class GatewaySession:
         self._heartbeat = (0, 0)
         self._client_id = ""
         #: Who the connection is: set by the shell from the CONNECT's login before the
-        #: CONNECT is handed over ("" until then, or with no authentication).
+        #: CONNECT is handed over ("" until then, or with no authentication), with the
+        #: user's groups.
         self.user = ""
+        self.groups: tuple[str, ...] = ()
+        #: Who may read and write what ([[security.acl]]); the shell puts the reloaded one
+        #: here on SIGHUP.
+        self.access = access if access is not None else AccessControl()
+        #: An access refusal's message since the shell last looked ("": none), to log.
+        self.denial = ""
+        # What `access` answered, per (permission, destination), while it is that one.
+        self._permits: dict[tuple[str, str], bool] = {}
+        self._permits_of = self.access
         self._data: list[bytes | memoryview] = []
         self._records: list[tuple[int, Record]] = []
         self._subs_by_id: dict[str, _Subscription] = {}
@@ -299,6 +314,9 @@ class GatewaySession:
             return
         try:
             self._dispatch(frame, now_ms)
+        except AccessDenied as exc:
+            self.denial = exc.message
+            self._fail(exc.message, exc.detail, frame.headers.get("receipt", ""))
         except Refusal as exc:
             # The ERROR answers the frame's receipt, so a client waiting on it wakes up.
             self._fail(exc.message, exc.detail, frame.headers.get("receipt", ""))
@@ -411,6 +429,7 @@ class GatewaySession:
     def _send(self, frame: Frame, now_ms: int) -> None:
         headers = frame.headers
         destination = self._required(frame, "destination")
+        self._permit("write", destination)
         limit = self.config.memory.max_message_bytes
         if 0 <= limit < len(frame.body):
             raise MessageTooLarge(len(frame.body), limit)
@@ -466,6 +485,7 @@ class GatewaySession:
         if sub_id in self._subs_by_id:
             raise SessionError(f"subscription id {sub_id!r} is already in use")
         pipeline = self._owner(destination)
+        self._permit("read", destination)
         ack_name = headers.get("ack", "auto")
         if ack_name not in ACK_MODES:
             raise SessionError(
@@ -484,6 +504,10 @@ class GatewaySession:
             + b"subscription:%s\n" % escape_header_value(sub_id, self._version).encode()
         )
         durable = self._durable_name(frame, kind, sub_id)
+        if durable:
+            # Creating, taking over or replacing a durable subscription: RabbitMQ's
+            # `configure` on the queue that holds it.
+            self._permit("admin", destination)
         selector = self._selector(frame)
         sub = _Subscription(
             next(self._handles),
@@ -510,6 +534,7 @@ class GatewaySession:
                 receipt,
                 durable,
                 selector,
+                self.user if durable else "",
             ),
             receipt,
         )
@@ -543,39 +568,41 @@ class GatewaySession:
         name = headers.get("activemq.subscriptionName") or headers.get("durable-subscription-name")
         if name is None and headers.get("durable") == "true":
             name = sub_id
-            client_id = self._client_id
-        else:
-            if name is None:
-                return ""
-            if not self._client_id:
-                raise SessionError(
-                    f"durable subscription {name!r} needs a client-id header in CONNECT"
-                )
-            client_id = self._client_id
+        if name is None:
+            return ""
+        if not self._client_id:
+            # Without one it could never be named again (nor told from another client's).
+            raise SessionError(
+                f"durable subscription {name!r} needs a client-id header in CONNECT",
+                "Nothing was subscribed.",
+            )
         if kind != "topic":
             raise SessionError("only topic subscriptions can be durable")
-        return f"{client_id}/{name}"
+        return f"{self._client_id}/{name}"
 
     def _unsubscribe(self, frame: Frame, now_ms: int) -> None:
         receipt = frame.headers.get("receipt", "")
         sub_id = frame.headers.get("id") or frame.headers.get("destination")
         if sub_id is None:
             raise SessionError("UNSUBSCRIBE needs an id header")
-        sub = self._subs_by_id.pop(sub_id, None)
+        sub = self._subs_by_id.get(sub_id)
         if sub is None:
             raise SessionError(f"no subscription with id {sub_id!r}")
-        del self._subs[sub.handle]
-        # MESSAGE frames of this subscription already made will be written: credit them
-        # first, or the pipeline would requeue them on Unsubscribe and deliver them twice.
-        written = self._auto_delivered.pop(sub.handle, 0) + self._auto_taken.pop(sub.handle, 0)
-        if written:
-            self._route(sub.pipeline, Credit(self.conn, [(sub.handle, written)]))
         headers = frame.headers
         remove = bool(sub.durable) and (
             "activemq.subscriptionName" in headers
             or "durable-subscription-name" in headers
             or headers.get("durable") == "true"
         )
+        if remove:
+            self._permit("admin", sub.destination)
+        del self._subs_by_id[sub_id]
+        del self._subs[sub.handle]
+        # MESSAGE frames of this subscription already made will be written: credit them
+        # first, or the pipeline would requeue them on Unsubscribe and deliver them twice.
+        written = self._auto_delivered.pop(sub.handle, 0) + self._auto_taken.pop(sub.handle, 0)
+        if written:
+            self._route(sub.pipeline, Credit(self.conn, [(sub.handle, written)]))
         self._route(sub.pipeline, Unsubscribe(self.conn, sub.handle, receipt, remove), receipt)
 
     def _ack(self, frame: Frame, now_ms: int) -> None:
@@ -624,6 +651,23 @@ class GatewaySession:
         else:
             tx.routes.append((sub.pipeline, record))
             self._immediate_receipt(frame)
+
+    def _permit(self, permission: str, destination: str) -> None:
+        """`AccessDenied` unless the user may `permission` the `destination`; answers are
+        remembered while the access control is the same one."""
+        access = self.access
+        if access.open:
+            return
+        if self._permits_of is not access or len(self._permits) >= _PERMITS_REMEMBERED:
+            self._permits = {}
+            self._permits_of = access
+        key = (permission, destination)
+        allowed = self._permits.get(key)
+        if allowed is None:
+            user = self.user or ANONYMOUS
+            allowed = self._permits[key] = access.allows(user, self.groups, permission, destination)
+        if not allowed:
+            raise AccessDenied(self.user or ANONYMOUS, permission, destination)
 
     def _requeue_header(self, frame: Frame) -> bool:
         """A NACK's `requeue` header (RabbitMQ's): `false` dead-letters the message at once

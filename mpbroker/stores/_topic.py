@@ -5,8 +5,9 @@ partition's :class:`MessageStore` (``data_dir/pubsub-0``), however many durable 
 it goes to. Who still owes an ack for it is kept apart, in the registry file
 (``data_dir/pubsub-0-durable.db``)::
 
-    subscriptions(name PK, destination, created_ms,    durable name -> topic
-                  selector)                            and its JMS selector ('' = none)
+    subscriptions(name PK, destination, created_ms,    durable name -> topic, its JMS
+                  selector, owner)                     selector ('' = none) and the user
+                                                       it belongs to ('' = nobody)
     pending(sub, seq, deliveries, priority)            one row per (subscription, message)
         PK (sub, seq); index (sub, priority, seq)      a backlog in delivery order
 
@@ -110,11 +111,18 @@ def _m0004_subscription_selector(db: sqlite_utils.Database) -> None:
     db.execute("ALTER TABLE subscriptions ADD COLUMN selector TEXT NOT NULL DEFAULT ''")
 
 
+def _m0005_subscription_owner(db: sqlite_utils.Database) -> None:
+    # The user who created a durable subscription: another user may not take it over.
+    # Subscriptions made before users existed belong to nobody until a user subscribes.
+    db.execute("ALTER TABLE subscriptions ADD COLUMN owner TEXT NOT NULL DEFAULT ''")
+
+
 REGISTRY_MIGRATIONS: Final[tuple[Migration, ...]] = (
     ("0001_subscriptions", _m0001_subscriptions),
     ("0002_pending", _m0002_pending),
     ("0003_pending_priority", _m0003_pending_priority),
     ("0004_subscription_selector", _m0004_subscription_selector),
+    ("0005_subscription_owner", _m0005_subscription_owner),
 )
 _KNOWN: Final = frozenset(name for name, _ in REGISTRY_MIGRATIONS)
 
@@ -222,10 +230,11 @@ class TopicStore:
         try:
             # Subscriptions only (a handful), never anything per message.
             rows = self._conn.execute(
-                "SELECT name, destination, selector FROM subscriptions"
+                "SELECT name, destination, selector, owner FROM subscriptions"
             ).fetchall()
-            self._subscriptions: dict[str, str] = {name: topic for name, topic, _ in rows}
-            self._selectors: dict[str, str] = {name: text for name, _, text in rows if text}
+            self._subscriptions: dict[str, str] = {name: topic for name, topic, _, _ in rows}
+            self._selectors: dict[str, str] = {name: text for name, _, text, _ in rows if text}
+            self._owners: dict[str, str] = {name: owner for name, _, _, owner in rows if owner}
             self.messages: MessageStore = MessageStore.open(self.directory, settings, clock=clock)
             """The messages themselves, one row each (settled when no pending row is left)."""
         except BaseException as exc:
@@ -303,24 +312,41 @@ class TopicStore:
         """Durable subscription name -> its JMS selector, for those that have one."""
         return dict(self._selectors)
 
-    def subscribe(self, name: str, destination: str, selector: str = "") -> None:
+    def owners(self) -> dict[str, str]:
+        """Durable subscription name -> the user it belongs to, for those that belong to one."""
+        return dict(self._owners)
+
+    def subscribe(self, name: str, destination: str, selector: str = "", owner: str = "") -> None:
         """Create or replace the durable subscription `name` (it survives restarts, even with
-        an empty backlog) on `destination`, selecting what `selector` selects ('': all).
-        Replacing keeps its pending rows: remove it first to drop them."""
+        an empty backlog) on `destination`, selecting what `selector` selects ('': all),
+        belonging to `owner` ('': nobody). Replacing keeps its pending rows: remove it
+        first to drop them."""
         self._write(
             "subscribe",
             lambda conn: conn.execute(
-                "INSERT OR REPLACE INTO subscriptions (name, destination, created_ms, selector)"
-                " VALUES (?, ?, ?, ?)",
-                (name, destination, self._now_ms(), selector),
+                "INSERT OR REPLACE INTO subscriptions"
+                " (name, destination, created_ms, selector, owner) VALUES (?, ?, ?, ?, ?)",
+                (name, destination, self._now_ms(), selector, owner),
             ),
             reserve=False,
         )
         self._subscriptions[name] = destination
-        if selector:
-            self._selectors[name] = selector
-        else:
-            self._selectors.pop(name, None)
+        for known, value in ((self._selectors, selector), (self._owners, owner)):
+            if value:
+                known[name] = value
+            else:
+                known.pop(name, None)
+
+    def claim(self, name: str, owner: str) -> None:
+        """The durable subscription `name`, which belonged to nobody, now belongs to `owner`."""
+        self._write(
+            "claim",
+            lambda conn: conn.execute(
+                "UPDATE subscriptions SET owner = ? WHERE name = ?", (owner, name)
+            ),
+            reserve=False,
+        )
+        self._owners[name] = owner
 
     def unsubscribe(self, name: str, at_ms: int) -> int:
         """Remove the durable subscription `name` with its backlog; the number of pending rows
@@ -343,6 +369,7 @@ class TopicStore:
         orphans, removed = self._write("unsubscribe", work)
         self._subscriptions.pop(name, None)
         self._selectors.pop(name, None)
+        self._owners.pop(name, None)
         self._settle(orphans, "unsubscribed", at_ms)
         return removed
 

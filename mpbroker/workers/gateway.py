@@ -30,7 +30,7 @@ from mpbroker.errors import AuthenticationFailed
 from mpbroker.flow import FlowGate, Stop
 from mpbroker.logs import client_text, log_collapsed
 from mpbroker.records import Hello, Record
-from mpbroker.security import Authenticator, UsersFileError, load_users
+from mpbroker.security import AccessControl, Authenticator, UsersFileError, load_users
 from mpbroker.session import (
     Admission,
     GatewaySession,
@@ -170,6 +170,7 @@ class Gateway:
         self.config = spec.config
         # The supervisor read the users file just before: it is readable.
         self.authenticator = self._load_authenticator(spec.config)
+        self.access = _access_control(spec.config)
         self._auth_limiter = trio.CapacityLimiter(_AUTH_THREADS)
         layout = spec.layout
         self.layout = layout
@@ -280,6 +281,10 @@ class Gateway:
                     self.authenticator = self._load_authenticator(reloaded)
                 except UsersFileError as exc:
                     log.error("SIGHUP: users not reloaded: %s", exc)
+                # Every connection asks the new permissions from its next frame on.
+                self.access = _access_control(reloaded)
+                for conn in self.connections.values():
+                    conn.session.access = self.access
                 log.info("flow settings reloaded")
             if got:
                 await trio.lowlevel.checkpoint()
@@ -438,7 +443,12 @@ class Gateway:
             return
         conn_id = next(self._conn_ids)
         session = GatewaySession(
-            conn_id, self.config, self.layout.topology, self.message_ids, self.tx_budget
+            conn_id,
+            self.config,
+            self.layout.topology,
+            self.message_ids,
+            self.tx_budget,
+            self.access,
         )
         conn = _Connection(session, stream, peer)
         self.connections[conn_id] = conn
@@ -571,6 +581,17 @@ class Gateway:
                 ):
                     break
                 session.frame_received(frame, now)
+                if session.denial:
+                    log_collapsed(
+                        log,
+                        logging.WARNING,
+                        "access denied",
+                        conn.peer,
+                        "%s, from %s",
+                        client_text(session.denial),
+                        conn.peer,
+                    )
+                    session.denial = ""
                 parser.version = session.version  # CONNECT may have changed it
             # A SEND may have discarded other connections' transactions: they say so now.
             self.check_transactions(now)
@@ -612,7 +633,10 @@ class Gateway:
             )
             conn.session.refuse(frame, AuthenticationFailed())
             return False
-        conn.session.user = user
+        if auth.users is not None:
+            # A login is who the client is only where it was checked against the users.
+            conn.session.user = user
+            conn.session.groups = auth.groups(user)
         return True
 
     def _load_authenticator(self, config: Config) -> Authenticator:
@@ -712,6 +736,10 @@ class Gateway:
         for bell in self.pipeline_bells:
             bell.close()
         self.base.close()
+
+
+def _access_control(config: Config) -> AccessControl:
+    return AccessControl(config.acl, config.queues.dead_letter_prefix)
 
 
 def _listen_socket(host: str, port: int) -> trio.socket.SocketType:

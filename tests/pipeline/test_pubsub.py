@@ -7,6 +7,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
+import msgspec
 import pytest
 
 from mpbroker.admin import DurableRow
@@ -224,3 +225,41 @@ def test_a_durable_ack_the_store_cannot_record_gets_an_error_and_the_message_com
     assert store.backlog("app/d") == 1
     [again] = of_type(out, Deliver)
     assert (again.message.message_id, again.message.redelivered) == ("m1", True)
+
+
+def test_a_durable_subscription_belongs_to_the_user_who_made_it(open_pipeline: Any) -> None:
+    """Another user reusing the client-id and name is refused (it would read, or by
+    replacing it delete, the owner's backlog); the owner comes back to it, also after a
+    restart."""
+    pipeline = open_pipeline()
+    alice = msgspec.structs.replace(durable(conn=2), user="alice", receipt="s")
+    assert of_type(turn(pipeline, alice), Receipt) == [Receipt(2, "s")]
+    turn(pipeline, ConnClosed(2))
+    turn(pipeline, publish(1))
+    for mallory in (
+        msgspec.structs.replace(durable(conn=3), user="mallory", receipt="m"),
+        # The same name on another topic would replace it: refused the same.
+        msgspec.structs.replace(durable(conn=3), user="mallory", destination="/topic/other"),
+    ):
+        [refuse] = of_type(turn(pipeline, mallory), Refuse)
+        assert refuse.message == (
+            "access denied: user mallory may not use durable subscription 'app/d'"
+        )
+        assert refuse.receipt == mallory.receipt
+    pipeline.close()
+    again = open_pipeline()
+    back = msgspec.structs.replace(durable(conn=4), user="alice", receipt="b")
+    assert of_type(turn(again, back), Receipt) == [Receipt(4, "b")]
+    assert [r.name for r in again.durables.stats()] == ["app/d"]
+
+
+def test_a_durable_subscription_made_before_users_is_claimed_by_the_first(
+    open_pipeline: Any,
+) -> None:
+    pipeline = open_pipeline()
+    turn(pipeline, durable(conn=2), ConnClosed(2))  # no user: belongs to nobody
+    turn(pipeline, msgspec.structs.replace(durable(conn=3), user="bob"), ConnClosed(3))
+    [refuse] = of_type(
+        turn(pipeline, msgspec.structs.replace(durable(conn=4), user="carol")), Refuse
+    )
+    assert "user carol may not use durable subscription 'app/d'" in refuse.message

@@ -13,7 +13,7 @@ import msgspec
 import pytest
 
 from mpbroker.compression import decompress
-from mpbroker.config import Config, replace_settings
+from mpbroker.config import AclEntry, Config, replace_settings
 from mpbroker.records import (
     ACK_AUTO,
     ACK_CLIENT,
@@ -32,6 +32,7 @@ from mpbroker.records import (
     message_size,
 )
 from mpbroker.routing import Topology
+from mpbroker.security import AccessControl
 from mpbroker.session import (
     GatewaySession,
     ReduceStrategy,
@@ -1513,3 +1514,117 @@ def test_a_body_above_max_message_bytes_is_refused_with_its_receipt() -> None:
     error = error_of(session)
     assert error.headers["message"] == "message body of 101 bytes exceeds max_message_bytes 100"
     assert error.headers["receipt-id"] == "big"
+
+
+# -- access control ------------------------------------------------------------------------
+
+ACL = AccessControl(
+    [
+        AclEntry("/queue/orders.*", write=("alice",), read=("bob",)),
+        AclEntry("/topic/news", read=("bob",), admin=("group:admin",)),
+    ]
+)
+
+
+def as_user(user: str, *groups: str, client_id: str = "") -> GatewaySession:
+    session = new_session()
+    session.access = ACL
+    session.user, session.groups = user, groups
+    headers = {"client_id": client_id} if client_id else {}
+    session.frame_received(frame("CONNECT", accept_version="1.2", host="h", **headers), NOW)
+    assert frames(session)[0].command == "CONNECTED"
+    return session
+
+
+def test_a_send_the_user_may_not_write_is_refused_naming_user_and_destination() -> None:
+    session = as_user("alice")
+    session.frame_received(frame("SEND", destination="/queue/orders.eu", receipt="ok"), NOW)
+    assert [r.message.destination for _, r in routes(session) if isinstance(r, Send)] == [
+        "/queue/orders.eu"
+    ]
+    assert session.denial == ""
+    session.frame_received(frame("SEND", destination="/queue/payments", receipt="r"), NOW)
+    error = error_of(session)
+    message = "access denied: user alice may not write /queue/payments"
+    assert (error.headers["message"], error.headers["receipt-id"]) == (message, "r")
+    assert session.denial == message  # for the shell's log
+    assert routes(session) == []
+
+
+def test_a_send_in_a_transaction_is_checked_when_it_is_sent() -> None:
+    session = as_user("alice")
+    session.frame_received(frame("BEGIN", transaction="tx"), NOW)
+    session.frame_received(frame("SEND", destination="/queue/payments", transaction="tx"), NOW)
+    assert "may not write /queue/payments" in error_of(session).headers["message"]
+
+
+def test_subscribe_needs_read_and_a_durable_one_admin_too() -> None:
+    bob = as_user("bob", client_id="app")
+    bob.frame_received(frame("SUBSCRIBE", id="q", destination="/queue/orders.eu"), NOW)
+    bob.frame_received(frame("SUBSCRIBE", id="t", destination="/topic/news"), NOW)
+    assert len(routes(bob)) == 2
+    bob.frame_received(frame("SUBSCRIBE", id="d", destination="/topic/news", durable="true"), NOW)
+    assert error_of(bob).headers["message"] == "access denied: user bob may not admin /topic/news"
+    alice = as_user("alice")
+    alice.frame_received(frame("SUBSCRIBE", id="q", destination="/queue/orders.eu"), NOW)
+    assert "user alice may not read /queue/orders.eu" in error_of(alice).headers["message"]
+
+
+def test_a_durable_subscription_carries_its_user() -> None:
+    admin = as_user("bob", "admin", client_id="app")
+    admin.frame_received(frame("SUBSCRIBE", id="d", destination="/topic/news", durable="true"), NOW)
+    [(_, record)] = routes(admin)
+    assert isinstance(record, Subscribe)
+    assert (record.durable, record.user) == ("app/d", "bob")
+    admin.frame_received(frame("SUBSCRIBE", id="t", destination="/topic/news"), NOW)
+    [(_, plain)] = routes(admin)
+    assert isinstance(plain, Subscribe) and plain.user == ""
+
+
+def test_removing_a_durable_subscription_needs_admin() -> None:
+    for remove in (False, True):
+        session = as_user("bob", "admin", client_id="app")
+        session.frame_received(
+            frame("SUBSCRIBE", id="d", destination="/topic/news", durable="true"), NOW
+        )
+        routes(session)
+        session.access = AccessControl([AclEntry("/topic/news", read=("bob",))])  # reloaded
+        headers = {"durable": "true"} if remove else {}
+        session.frame_received(Frame("UNSUBSCRIBE", {"id": "d", **headers}), NOW)
+        if remove:
+            assert "may not admin /topic/news" in error_of(session).headers["message"]
+            assert routes(session) == []
+        else:  # leaving it for later is not removing it
+            [(_, record)] = routes(session)
+            assert isinstance(record, Unsubscribe) and not record.remove_durable
+
+
+def test_the_reloaded_permissions_apply_from_the_next_frame() -> None:
+    session = as_user("alice")
+    session.frame_received(frame("SEND", destination="/queue/orders.eu"), NOW)
+    assert len(routes(session)) == 1
+    session.access = AccessControl([AclEntry("/queue/orders.*", read=("alice",))])
+    session.frame_received(frame("SEND", destination="/queue/orders.eu"), NOW)
+    assert "may not write /queue/orders.eu" in error_of(session).headers["message"]
+
+
+def test_a_connection_without_a_user_is_anonymous_to_the_acl() -> None:
+    session = as_user("")
+    session.frame_received(frame("SEND", destination="/queue/orders.eu"), NOW)
+    assert error_of(session).headers["message"] == (
+        "access denied: user anonymous may not write /queue/orders.eu"
+    )
+
+
+@pytest.mark.parametrize(
+    "headers",
+    [{"durable": "true"}, {"activemq.subscriptionName": "n"}, {"durable-subscription-name": "n"}],
+)
+def test_a_durable_subscription_without_a_client_id_is_refused(headers: dict[str, str]) -> None:
+    session = connected()
+    session.frame_received(
+        Frame("SUBSCRIBE", {"id": "s", "destination": "/topic/t", **headers}), NOW
+    )
+    error = error_of(session)
+    assert "needs a client-id header in CONNECT" in error.headers["message"]
+    assert routes(session) == []

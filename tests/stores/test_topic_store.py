@@ -324,14 +324,16 @@ def test_migrates_pending_rows_written_without_a_priority(tmp_path: Path) -> Non
     finally:
         conn.close()
     assert applied == [name for name, _ in REGISTRY_MIGRATIONS]
-    assert applied[-1] == "0004_subscription_selector"
+    assert applied[-1] == "0005_subscription_owner"
     with open_reader(tmp_path) as reader:
         got = batch(reader, "a")
         assert [(m.seq, m.deliveries) for m in got.messages] == [(s4, 0), (s1, 0), (s2, 1), (s3, 0)]
         assert got.scanned_upto == at(s4, 9, at(s3)) and not got.more
     with open_topic(tmp_path) as store:
-        # Subscriptions made before selectors existed select everything.
+        # Subscriptions made before selectors existed select everything, and those made
+        # before users existed belong to nobody.
         assert store.selectors() == {}
+        assert store.owners() == {}
 
 
 def test_a_subscription_keeps_its_selector_across_restarts(tmp_path: Path) -> None:
@@ -814,3 +816,15 @@ def test_reader_returns_the_encoding_of_compressed_bodies(
         (seqs[1], "", b"body 2"),
     ]
     assert got.messages[0].size == message_size(compressed)
+
+
+def test_a_subscription_belongs_to_its_owner_across_restarts(tmp_path: Path) -> None:
+    with open_topic(tmp_path) as store:
+        store.subscribe("app/a", "/topic/t", owner="alice")
+        store.subscribe("app/b", "/topic/t")
+        assert store.owners() == {"app/a": "alice"}
+        store.claim("app/b", "bob")
+    with open_topic(tmp_path) as store:
+        assert store.owners() == {"app/a": "alice", "app/b": "bob"}
+        store.unsubscribe("app/a", 1)
+        assert store.owners() == {"app/b": "bob"}
