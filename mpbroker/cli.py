@@ -96,6 +96,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
     # for other callers).
     require_fits(config)
     _check_exposure(config)
+    if config.stomp.tls_port >= 0:
+        from mpbroker.security import server_context
+
+        # The TLS listener's files load (ConfigError naming the setting otherwise).
+        server_context(config.stomp)
     check_data_dir(Path(config.broker.data_dir))
     setproctitle("mpbroker: supervisor")
     setup_logging("supervisor", config.broker.log_level, config.broker.log_format)
@@ -313,28 +318,111 @@ def cmd_config_estimate(args: argparse.Namespace) -> int:
     return 0
 
 
-def _admin_get(args: argparse.Namespace, path: str) -> bytes | None:
+# `mpbroker admin` exit codes: 2 when the broker refused (401, 403) or no password could be
+# had, which asking again cannot fix (as the broker's EXIT_REFUSED); 1 when it did not
+# answer, or answered with another error.
+_ADMIN_REFUSED = 2
+_ADMIN_FAILED = 1
+_PASSWORD_VARIABLE = "MPBROKER_PASSWORD"
+
+
+class _AdminFailure(Exception):
+    """`mpbroker admin` cannot show its page: the line that says why, the exit code."""
+
+    def __init__(self, message: str, exit_code: int) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
+def _admin_password(args: argparse.Namespace) -> str:
+    """The password of --user: the first line of --password-file, else $MPBROKER_PASSWORD,
+    else asked on a terminal. Never an option's value: every user of the machine sees a
+    command line (ps)."""
+    if args.password_file:
+        try:
+            with open(args.password_file, encoding="utf-8") as file:
+                password = file.readline().rstrip("\r\n")
+        except (OSError, UnicodeDecodeError) as exc:
+            why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+            raise _AdminFailure(
+                f"mpbroker: admin: cannot read --password-file {args.password_file}: {why}",
+                _ADMIN_REFUSED,
+            ) from None
+        if not password:
+            raise _AdminFailure(
+                f"mpbroker: admin: --password-file {args.password_file}: its first line is empty",
+                _ADMIN_REFUSED,
+            )
+        return password
+    if _PASSWORD_VARIABLE in os.environ:
+        return os.environ[_PASSWORD_VARIABLE]
+    if sys.stdin.isatty():
+        import getpass
+
+        return getpass.getpass(f"password for {args.user}: ")
+    raise _AdminFailure(
+        f"mpbroker: admin: --user {args.user} needs a password: set {_PASSWORD_VARIABLE}, "
+        "give --password-file FILE, or run on a terminal to be asked",
+        _ADMIN_REFUSED,
+    )
+
+
+def _admin_error(url: str, code: int, body: bytes, user: str | None) -> str:
+    """The one line that says what the admin API answered instead of a page (its JSON
+    `error`, made safe for a terminal: the answer is the server's text)."""
+    from mpbroker.logs import client_text
+
+    try:
+        error = client_text(str(json.loads(body)["error"]))
+    except (ValueError, KeyError, TypeError):  # not our JSON: another server on the port
+        error = "(no reason given)"
+    line = f"mpbroker: admin API at {url}: HTTP {code}: {error}"
+    if code == 401 and user is None:
+        line += f" (give --user NAME, the password in ${_PASSWORD_VARIABLE})"
+    return line
+
+
+def _admin_get(args: argparse.Namespace, path: str) -> bytes:
+    """The page at `path`, with the credentials of --user if given; _AdminFailure else."""
     import urllib.error
     import urllib.request
 
+    from mpbroker.admin.access import authorization
+
     url = f"http://{args.host}:{args.port}{path}"
+    request = urllib.request.Request(url)
+    if args.user is not None:
+        # Sent at once, not after a 401: one request, and one check of the password.
+        request.add_header("Authorization", authorization(args.user, _admin_password(args)))
+    elif args.password_file:
+        raise _AdminFailure("mpbroker: admin: --password-file needs --user NAME", _ADMIN_REFUSED)
     try:
-        with urllib.request.urlopen(url, timeout=10) as response:
+        with urllib.request.urlopen(request, timeout=10) as response:
             data: bytes = response.read()
             return data
+    except urllib.error.HTTPError as exc:
+        try:
+            body = exc.read()
+        except OSError:
+            body = b""
+        code = _ADMIN_REFUSED if exc.code in (401, 403) else _ADMIN_FAILED
+        raise _AdminFailure(_admin_error(url, exc.code, body, args.user), code) from None
     except (urllib.error.URLError, OSError) as exc:
         reason = getattr(exc, "reason", exc)
-        print(f"mpbroker: cannot reach the admin API at {url}: {reason}", file=sys.stderr)
-        return None
+        raise _AdminFailure(
+            f"mpbroker: cannot reach the admin API at {url}: {reason}", _ADMIN_FAILED
+        ) from None
 
 
 def _show_admin_page(args: argparse.Namespace, path: str, render: Callable[[bytes], str]) -> int:
     """Print an admin page: as JSON (--json) or as the tables `render` makes of it."""
     import msgspec
 
-    data = _admin_get(args, path)
-    if data is None:
-        return 1
+    try:
+        data = _admin_get(args, path)
+    except _AdminFailure as exc:
+        print(exc, file=sys.stderr)
+        return exc.exit_code
     try:
         text = msgspec.json.format(data, indent=2).decode() if args.json else render(data)
     except msgspec.DecodeError as exc:
@@ -349,6 +437,9 @@ def cmd_admin_status(args: argparse.Namespace) -> int:
     """Workers, their state and what each holds.
 
     Example: mpbroker admin status --port 8161
+
+    A broker with a users file wants a user in group admin: --user NAME, the password
+    from --password-file FILE, else $MPBROKER_PASSWORD, else asked on a terminal.
     """
     from mpbroker.admin import StatusView, decode
     from mpbroker.admin.text import render_status
@@ -361,6 +452,9 @@ def cmd_admin_flow(args: argparse.Namespace) -> int:
     and how long they have waited, every consumer's window and whether it is ready.
 
     Example: mpbroker admin flow --port 8161
+
+    A broker with a users file wants a user in group admin: --user NAME, the password
+    from --password-file FILE, else $MPBROKER_PASSWORD, else asked on a terminal.
     """
     from mpbroker.admin import FlowView, decode
     from mpbroker.admin.text import render_flow
@@ -614,6 +708,18 @@ def build_parser() -> argparse.ArgumentParser:
         admin_parser.add_argument("--host", default="127.0.0.1", help="admin API address")
         admin_parser.add_argument("--port", type=int, default=8161, help="admin API port")
         admin_parser.add_argument("--json", action="store_true", help="print the raw JSON")
+        admin_parser.add_argument(
+            "--user",
+            metavar="NAME",
+            help="a user in group admin, for a broker with a users file; the password from "
+            f"--password-file, else ${_PASSWORD_VARIABLE}, else asked on a terminal",
+        )
+        admin_parser.add_argument(
+            "--password-file",
+            dest="password_file",
+            metavar="FILE",
+            help="read --user's password from the first line of FILE",
+        )
 
     user_commands = group(
         "user",

@@ -547,3 +547,140 @@ def test_user_commands_need_a_users_file(capsys: pytest.CaptureFixture[str]) -> 
     code, _, err = run(capsys, "user", "list")
     assert code == 2
     assert "no users file: give --users-file FILE" in err
+
+
+# -- admin ---------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def admin_port(monkeypatch: pytest.MonkeyPatch) -> Iterator[int]:
+    """The port of an admin API (in this process) with users: root in group admin
+    (password r00t), alice not (s3cret). No password in the environment to begin with."""
+    from mpbroker.admin import StatusView
+    from mpbroker.admin.server import AdminServer
+    from mpbroker.security import User, hash_password
+
+    monkeypatch.delenv("MPBROKER_PASSWORD", raising=False)
+    fast = {"n": 2**4, "r": 1}
+    users = {
+        "root": User("root", hash_password("r00t", **fast), ("admin",)),
+        "alice": User("alice", hash_password("s3cret", **fast), ("producers",)),
+    }
+    server = AdminServer("127.0.0.1", 0, lambda: StatusView(at_ms=1, workers=[]), users=users)
+    server.start()
+    yield server.address[1]
+    server.close()
+
+
+def admin(capsys: pytest.CaptureFixture[str], port: int, *argv: str) -> tuple[int, str, str]:
+    return run(capsys, "admin", "status", "--port", str(port), "--json", *argv)
+
+
+def test_admin_passes_the_password_of_the_environment(
+    admin_port: int, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("MPBROKER_PASSWORD", "r00t")
+    code, out, err = admin(capsys, admin_port, "--user", "root")
+    assert (code, err) == (0, "")
+    assert '"workers": []' in out
+
+
+@pytest.mark.parametrize(
+    ("user", "password", "error"),
+    [
+        ("root", "guess", "HTTP 401: authentication failed"),
+        ("mallory", "r00t", "HTTP 401: authentication failed"),
+        ("alice", "s3cret", "HTTP 403: user 'alice' is not in group 'admin'"),
+    ],
+)
+def test_admin_refused_says_why_in_one_line_and_exits_2(
+    user: str,
+    password: str,
+    error: str,
+    admin_port: int,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("MPBROKER_PASSWORD", password)
+    code, out, err = admin(capsys, admin_port, "--user", user)
+    assert (code, out) == (2, "")
+    assert err == f"mpbroker: admin API at http://127.0.0.1:{admin_port}/status: {error}\n"
+
+
+def test_admin_without_user_is_told_to_give_one(
+    admin_port: int, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, _, err = admin(capsys, admin_port)
+    assert code == 2
+    assert err == (
+        f"mpbroker: admin API at http://127.0.0.1:{admin_port}/status: HTTP 401: "
+        "authentication required: HTTP Basic credentials of a user in group 'admin' "
+        "(give --user NAME, the password in $MPBROKER_PASSWORD)\n"
+    )
+
+
+def test_admin_reads_the_first_line_of_the_password_file_before_the_environment(
+    admin_port: int,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("MPBROKER_PASSWORD", "wrong")
+    secret = tmp_path / "secret"
+    secret.write_text("r00t\r\nnot this line\n")
+    code, _, err = admin(capsys, admin_port, "--user", "root", "--password-file", str(secret))
+    assert (code, err) == (0, "")
+
+
+@pytest.mark.parametrize(
+    ("content", "error"),
+    [
+        (None, "cannot read --password-file {path}: No such file or directory"),
+        ("", "--password-file {path}: its first line is empty"),
+        ("\nr00t\n", "--password-file {path}: its first line is empty"),
+    ],
+)
+def test_admin_says_what_is_wrong_with_the_password_file(
+    content: str | None,
+    error: str,
+    admin_port: int,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    path = tmp_path / "secret"
+    if content is not None:
+        path.write_text(content)
+    code, _, err = admin(capsys, admin_port, "--user", "root", "--password-file", str(path))
+    assert (code, err) == (2, f"mpbroker: admin: {error.format(path=path)}\n")
+
+
+def test_admin_asks_for_the_password_on_a_terminal_and_only_there(
+    admin_port: int, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    asked: list[str] = []
+
+    def getpass(prompt: str) -> str:
+        asked.append(prompt)
+        return "r00t"
+
+    monkeypatch.setattr("getpass.getpass", getpass)
+    monkeypatch.setattr("sys.stdin.isatty", lambda: False)
+    code, _, err = admin(capsys, admin_port, "--user", "root")
+    assert (code, err, asked) == (
+        2,
+        "mpbroker: admin: --user root needs a password: set MPBROKER_PASSWORD, give "
+        "--password-file FILE, or run on a terminal to be asked\n",
+        [],
+    )
+    monkeypatch.setattr("sys.stdin.isatty", lambda: True)
+    code, _, err = admin(capsys, admin_port, "--user", "root")
+    assert (code, err, asked) == (0, "", ["password for root: "])
+
+
+def test_admin_password_file_needs_a_user(
+    admin_port: int, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    secret = tmp_path / "secret"
+    secret.write_text("r00t\n")
+    code, _, err = admin(capsys, admin_port, "--password-file", str(secret))
+    assert (code, err) == (2, "mpbroker: admin: --password-file needs --user NAME\n")

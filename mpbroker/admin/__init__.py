@@ -6,6 +6,8 @@
 * `server` (its own import: only the supervisor needs it, not every worker): `GET /status`
   and `GET /flow` on a loopback port, a thread of the supervisor.
 * `text` (its own import, for `mpbroker admin`): the pages as tables.
+* `access` (its own import, for the server and `mpbroker admin`): who may read the pages
+  (HTTP Basic credentials of a user in group `admin`, with a users file).
 """
 
 from ._collect import queue_worker_stats, topic_worker_stats

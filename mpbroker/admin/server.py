@@ -9,6 +9,10 @@ spill file when it is larger; at most `admin.stats_interval_ms` old) and the con
   watermarks and stops, the global stops, the producers held and for how long, every
   consumer's window and `ready: yes/no`, the durable subscriptions.
   `?offset=N&limit=M` pages its long lists (`FlowView`).
+
+With a users file, every request needs HTTP Basic credentials of a user in group `admin`
+(`access.AdminGuard`); the Host header is checked first (DNS rebinding), so a page that
+rebinds a name of its own never gets as far as a credentials prompt.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ import msgspec
 
 from mpbroker.clock import epoch_ms
 from mpbroker.logs import client_text, log_collapsed
+from mpbroker.security import User
 from mpbroker.shm import (
     STATE_EMPTY,
     STATE_READY,
@@ -54,6 +59,7 @@ from ._snapshots import (
     decode,
     encode,
 )
+from .access import CHALLENGE, Access, AdminGuard
 
 __all__ = [
     "LOCAL_NAMES",
@@ -228,7 +234,9 @@ def host_allowed(header: str | None, names: frozenset[str]) -> bool:
 
 class AdminServer:
     """The HTTP server of the admin API, in a thread; `status` makes the status page.
-    `names`: what the Host header may say (`allowed_names`); other requests get 403."""
+    `names`: what the Host header may say (`allowed_names`); other requests get 403.
+    `users`: the users file's users (None: there is none, and no request needs
+    credentials); `use_users` swaps in those read again on SIGHUP."""
 
     def __init__(
         self,
@@ -236,11 +244,13 @@ class AdminServer:
         port: int,
         status: Callable[[], StatusView],
         names: frozenset[str] = LOCAL_NAMES,
+        users: dict[str, User] | None = None,
     ) -> None:
         views: dict[str, Callable[[Page], StatusView | FlowView]] = {
             "/status": lambda page: status(),
             "/flow": lambda page: flow_view(status(), page),
         }
+        self.guard = guard = AdminGuard(users)
 
         class Handler(BaseHTTPRequestHandler):
             def do_GET(self) -> None:
@@ -250,7 +260,7 @@ class AdminServer:
                         log,
                         logging.WARNING,
                         "admin host refused",
-                        self.client_address[0],
+                        self._peer(),
                         "admin: refused a request from %s for Host %s (not in admin.host_names)",
                         self.client_address[0],
                         client_text(host or ""),
@@ -261,6 +271,12 @@ class AdminServer:
                             "error": f"Host {host!r} is not a name of this admin API (admin.host_names)"
                         },
                     )
+                    return
+                # Before the page is looked up: without credentials, not even which pages
+                # exist is told. In this thread: a check costs tens of ms of scrypt.
+                access = guard.admit(self.headers.get("Authorization"))
+                if access.status != 200:
+                    self._refuse(access)
                     return
                 url = urlsplit(self.path)
                 view = views.get(url.path)
@@ -278,9 +294,38 @@ class AdminServer:
                     log.exception("admin page %s failed", client_text(self.path))
                     self._reply(500, {"error": str(exc)})
 
-            def _reply(self, code: int, body: dict[str, Any] | bytes) -> None:
+            def _peer(self) -> str:
+                # host:port, as a gateway names a peer: log_collapsed takes the address
+                # from it (a bare "::1" would lose its last group as a "port").
+                host, port = self.client_address[:2]
+                return f"{host}:{port}"
+
+            def _refuse(self, access: Access) -> None:
+                # Never the password; the user name is the client's text.
+                log_collapsed(
+                    log,
+                    logging.WARNING,
+                    access.kind,
+                    self._peer(),
+                    "admin: refused a request from %s%s: %s (HTTP %d)",
+                    self.client_address[0],
+                    "" if access.user is None else f" by {client_text(repr(access.user))}",
+                    access.error,
+                    access.status,
+                )
+                challenge = {"WWW-Authenticate": CHALLENGE} if access.status == 401 else {}
+                self._reply(access.status, {"error": access.error}, challenge)
+
+            def _reply(
+                self,
+                code: int,
+                body: dict[str, Any] | bytes,
+                headers: Mapping[str, str] | None = None,
+            ) -> None:
                 data = body if isinstance(body, bytes) else json.dumps(body).encode()
                 self.send_response(code)
+                for name, value in (headers or {}).items():
+                    self.send_header(name, value)
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(data)))
                 self.end_headers()
@@ -296,6 +341,11 @@ class AdminServer:
         self.thread = threading.Thread(
             target=self.httpd.serve_forever, name="admin-api", daemon=True
         )
+
+    def use_users(self, users: dict[str, User] | None) -> None:
+        """Check credentials against `users` from now on (SIGHUP read the users file
+        again); what was remembered of the old ones is forgotten."""
+        self.guard.use(users)
 
     def start(self) -> None:
         self.thread.start()

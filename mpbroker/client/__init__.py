@@ -21,7 +21,11 @@ trio, with the connection's tasks in the ``async with`` block::
             ...
 
 Both are thin I/O shells around one sans-IO session and the project's own codec
-(:mod:`mpbroker.stomp`).
+(:mod:`mpbroker.stomp`). Both speak STOMP over TLS when given a client-side context::
+
+    context = ssl.create_default_context(cafile="ca.pem")  # the CA of the broker's certificate
+    with connect("127.0.0.1", 61614, ssl_context=context) as conn:
+        ...
 """
 
 from mpbroker.client._async import AsyncConnection, AsyncSubscription, open_connection

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import math
+import ssl
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import asynccontextmanager, suppress
 
@@ -52,13 +53,15 @@ async def open_connection(
     timeout: float = 10.0,
     vhost: str | None = None,
     max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
+    ssl_context: ssl.SSLContext | None = None,
 ) -> AsyncIterator[AsyncConnection]:
     """Connect, wait for CONNECTED, and yield the :class:`AsyncConnection`.
 
     Parameters and errors are those of :func:`mpbroker.client.connect`: :class:`StompError`
     if the server answers ERROR, ``OSError``/``TimeoutError`` if it cannot be reached or does
-    not answer within ``timeout`` seconds. Leaving the block sends DISCONNECT and waits for
-    its RECEIPT. Exceptions from the body come out as raised, not in an ExceptionGroup.
+    not answer within ``timeout`` seconds, ``ssl.SSLError`` if the TLS handshake (with
+    ``ssl_context``) fails. Leaving the block sends DISCONNECT and waits for its RECEIPT.
+    Exceptions from the body come out as raised, not in an ExceptionGroup.
 
     Example::
 
@@ -75,11 +78,12 @@ async def open_connection(
         heartbeat=heartbeat,
         max_frame_bytes=max_frame_bytes,
     )
-    stream: trio.SocketStream | None = None
+    stream: trio.abc.Stream | None = None
     with trio.move_on_after(timeout):
-        stream = await trio.open_tcp_stream(host, port)
+        stream = await _open_stream(host, port, ssl_context)
     if stream is None:
-        raise TimeoutError(f"TCP connection to {host}:{port} not made within {timeout:g} s")
+        kind = "TCP" if ssl_context is None else "TLS"
+        raise TimeoutError(f"{kind} connection to {host}:{port} not made within {timeout:g} s")
     # Trio wraps anything raised inside a nursery block in an ExceptionGroup; callers should
     # see their own exceptions and ours as raised, so they are carried out of the block.
     failure: Exception | None = None
@@ -108,6 +112,24 @@ async def open_connection(
         raise failure
 
 
+async def _open_stream(host: str, port: int, ssl_context: ssl.SSLContext | None) -> trio.abc.Stream:
+    """A TCP connection to `host`, with TLS over it when there is a context."""
+    tcp = await trio.open_tcp_stream(host, port)
+    if ssl_context is None:
+        return tcp
+    tls = trio.SSLStream(tcp, ssl_context, server_hostname=host)
+    try:
+        # Now rather than at the first read or write: its failure is the caller's to see.
+        await tls.do_handshake()
+    except BaseException as exc:
+        await trio.aclose_forcefully(tls)
+        cause = exc.__cause__
+        if isinstance(exc, trio.BrokenResourceError) and isinstance(cause, ssl.SSLError):
+            raise cause from None  # as the sync client raises it
+        raise
+    return tls
+
+
 class AsyncConnection(SessionView):
     """A connected STOMP session in trio; make one with :func:`open_connection`.
 
@@ -117,7 +139,7 @@ class AsyncConnection(SessionView):
 
     def __init__(
         self,
-        stream: trio.SocketStream,
+        stream: trio.abc.Stream,
         session: ClientSession,
         nursery: trio.Nursery,
         peer: str,
@@ -126,7 +148,7 @@ class AsyncConnection(SessionView):
         self._session = session
         self._nursery = nursery
         self._peer = peer
-        # SocketStream refuses concurrent send_all calls outright; the lock queues them.
+        # A stream refuses concurrent send_all calls outright; the lock queues them.
         self._send_lock = trio.Lock()
         self._connected = trio.Event()
         self._receipts: dict[str, trio.Event] = {}
@@ -295,7 +317,8 @@ class AsyncConnection(SessionView):
         with self._reader_scope:
             try:
                 while not self._session.closed:
-                    data = await self._stream.receive_some(_RECV_BYTES)
+                    # Typed bytes | bytearray for any stream; bytes of trio's (no copy).
+                    data = bytes(await self._stream.receive_some(_RECV_BYTES))
                     if not data:
                         break
                     for event in self._session.receive_data(data):

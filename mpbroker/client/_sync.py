@@ -13,7 +13,9 @@ wakes waiting threads. Two locks, never both held at once:
 from __future__ import annotations
 
 import logging
+import select
 import socket
+import ssl
 import threading
 from collections import deque
 from collections.abc import Callable, Iterator, Mapping
@@ -53,15 +55,18 @@ def connect(
     timeout: float = 10.0,
     vhost: str | None = None,
     max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
+    ssl_context: ssl.SSLContext | None = None,
 ) -> Connection:
     """Open a STOMP connection and wait for CONNECTED.
 
     ``heartbeat`` is the CONNECT ``heart-beat`` header in milliseconds: (how often we can
     send, how often we want the server to send). ``vhost`` goes into the ``host`` header and
     defaults to ``host``. ``max_frame_bytes`` bounds the frames accepted from the server.
-    Raises :class:`StompError` if the server answers with ERROR, ``OSError`` if the TCP
-    connection fails and ``TimeoutError`` (an ``OSError``) if either step takes longer than
-    ``timeout`` seconds.
+    ``ssl_context``: STOMP over TLS, with this client-side context (its CAs check the
+    server's certificate against ``host``; load a client certificate into it if the server
+    asks for one). Raises :class:`StompError` if the server answers with ERROR, ``OSError``
+    if the TCP connection fails (``ssl.SSLError``, an ``OSError``, if the TLS handshake does)
+    and ``TimeoutError`` (an ``OSError``) if a step takes longer than ``timeout`` seconds.
 
     The connection is a context manager; leaving the block sends DISCONNECT and waits for
     its RECEIPT (when the block raised, a failing DISCONNECT is not reported).
@@ -81,15 +86,76 @@ def connect(
     )
     sock = socket.create_connection((host, port), timeout=timeout)
     try:
-        sock.settimeout(None)
         # Frames are written whole with one sendall; Nagle would only delay small ones.
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        conn = Connection(sock, session, f"{host}:{port}")
+        transport: socket.socket | _TlsSocket = sock
+        if ssl_context is None:
+            sock.settimeout(None)
+        else:
+            # The handshake runs here, within the connect timeout still set on the socket.
+            sock = ssl_context.wrap_socket(sock, server_hostname=host)
+            transport = _TlsSocket(sock)
+        conn = Connection(transport, session, f"{host}:{port}")
     except BaseException:
         sock.close()
         raise
     conn._handshake(timeout)
     return conn
+
+
+class _TlsSocket:
+    """An `ssl.SSLSocket` that the reader thread and the sending threads may use at once.
+
+    OpenSSL forbids two threads in one connection's SSL object at the same time (a read in
+    one, a write in the other included), and Python 3.11's ssl module does not stop them:
+    the socket is non-blocking, every SSL call runs under a lock and returns at once, and
+    the waiting for the socket happens outside the lock, so that the reader never holds up
+    a sender, nor a sender the reader. The methods are those `Connection` uses.
+    """
+
+    def __init__(self, sock: ssl.SSLSocket) -> None:
+        sock.setblocking(False)
+        self._sock = sock
+        self._lock = threading.Lock()
+
+    def recv(self, size: int) -> bytes:
+        while True:
+            with self._lock:
+                try:
+                    return self._sock.recv(size)
+                except ssl.SSLWantReadError:
+                    events = select.POLLIN
+                except ssl.SSLWantWriteError:
+                    events = select.POLLOUT
+            self._wait(events)
+
+    def sendall(self, data: bytes) -> None:
+        view = memoryview(data)
+        while view:
+            with self._lock:
+                try:
+                    view = view[self._sock.send(view) :]
+                    continue
+                except ssl.SSLWantWriteError:
+                    events = select.POLLOUT
+                except ssl.SSLWantReadError:
+                    events = select.POLLIN
+            self._wait(events)
+
+    def _wait(self, events: int) -> None:
+        """Until the socket is ready for `events`, or shut down (the next call says so)."""
+        poll = select.poll()
+        poll.register(self._sock, events)
+        poll.poll()
+
+    def shutdown(self, how: int) -> None:
+        # Under the lock: SSLSocket.shutdown drops the SSL object a call may be using.
+        with self._lock:
+            self._sock.shutdown(how)
+
+    def close(self) -> None:
+        with self._lock:
+            self._sock.close()
 
 
 class Connection(SessionView):
@@ -99,7 +165,7 @@ class Connection(SessionView):
     any thread. Operations on a closed connection raise :class:`ConnectionClosed`.
     """
 
-    def __init__(self, sock: socket.socket, session: ClientSession, peer: str) -> None:
+    def __init__(self, sock: socket.socket | _TlsSocket, session: ClientSession, peer: str) -> None:
         self._sock = sock
         self._session = session
         self._peer = peer
@@ -272,8 +338,11 @@ class Connection(SessionView):
         self._reader.start()
         try:
             with self._lock:
-                data = self._session.connect()
-            self._send_bytes(data, "connect()")
+                # The reader may have found the connection ended already (a TLS alert
+                # refusing us comes at once): then the reason is all there is to say.
+                data = None if self._session.closed else self._session.connect()
+            if data is not None:
+                self._send_bytes(data, "connect()")
             with self._lock:
                 answered = self._settled.wait_for(
                     lambda: self._session.state is not State.CONNECTING, timeout

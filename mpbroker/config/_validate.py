@@ -135,6 +135,33 @@ def check_consistency(config: Config) -> None:
             config.stomp.max_header_bytes,
             f"must not exceed stomp.max_frame_bytes = {config.stomp.max_frame_bytes}",
         )
+    _check_tls(config)
+
+
+def _check_tls(config: Config) -> None:
+    """The TLS listener's settings fit together (whether its files load is for the start:
+    `mpbroker.security.server_context`)."""
+    stomp = config.stomp
+    if stomp.tls_port < 0:
+        return
+    for key in ("tls_cert_file", "tls_key_file"):
+        if not getattr(stomp, key):
+            raise ConfigError(
+                f"stomp.{key}",
+                "",
+                f"required by stomp.tls_port = {stomp.tls_port} (a PEM file; -1 = no TLS listener)",
+            )
+    if stomp.tls_require_client_cert and not stomp.tls_ca_file:
+        raise ConfigError(
+            "stomp.tls_ca_file",
+            "",
+            "required by stomp.tls_require_client_cert = true (the CA certificates that "
+            "must have signed a client's certificate, PEM)",
+        )
+    if stomp.tls_port and stomp.tls_port == config.broker.port:
+        raise ConfigError(
+            "stomp.tls_port", stomp.tls_port, f"must differ from broker.port = {config.broker.port}"
+        )
 
 
 def _check_rate_flow(config: Config) -> None:

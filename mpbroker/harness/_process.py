@@ -282,13 +282,16 @@ class BrokerProcess(ServerProcess):
 
     ``gateways``: that many gateway processes (None: the broker's default). ``data_dir`` None: a temporary directory, removed once the broker stopped. ``config``:
     TOML text, written next to the data directory (``<data_dir>.toml``) and passed with
-    ``--config``. ``admin``: serve the admin API on a free port (:attr:`admin_port`).
+    ``--config``. ``admin``: serve the admin API on a free port (:attr:`admin_port`). A
+    config with ``[stomp] tls_port = 0`` (and its files) listens for STOMP over TLS on a
+    free port too (:attr:`tls_port`).
     :meth:`stop_checked`, and so the context manager, also checks that the broker left
     nothing in /dev/shm.
     """
 
     READY: ClassVar[re.Pattern[str]] = re.compile(r"mpbroker ready on (\S+):(\d+)")
     _ADMIN: ClassVar[re.Pattern[str]] = re.compile(r"admin API on http://(\S+):(\d+)")
+    _TLS: ClassVar[re.Pattern[str]] = re.compile(r"STOMP over TLS on (\S+):(\d+)")
 
     def __init__(
         self,
@@ -316,6 +319,8 @@ class BrokerProcess(ServerProcess):
         #: The admin API's address ``http://HOST:PORT`` and port, once started (None, 0: none).
         self.admin_url: str | None = None
         self.admin_port = 0
+        #: The STOMP over TLS port, once started (0: none).
+        self.tls_port = 0
 
     def start(self, timeout: float = START_TIMEOUT_S) -> Self:
         super().start(timeout)
@@ -323,6 +328,9 @@ class BrokerProcess(ServerProcess):
         if admin := self._wait_for(self._ADMIN, 0, 0):
             self.admin_url = f"http://{admin.group(1)}:{admin.group(2)}"
             self.admin_port = int(admin.group(2))
+        # So is the TLS listener's.
+        if tls := self._wait_for(self._TLS, 0, 0):
+            self.tls_port = int(tls.group(2))
         return self
 
     def workers(self) -> dict[str, psutil.Process]:

@@ -63,6 +63,7 @@ from dataclasses import dataclass
 from typing import Final
 
 from mpbroker.config import Config, ConfigError, KiB, MiB, format_bytes
+from mpbroker.security import CHECKS_AT_ONCE, HASH_MEMORY_BYTES
 
 __all__ = [
     "FIXED_COST_BYTES",
@@ -329,6 +330,19 @@ def plan(config: Config) -> MemoryPlan:
             "spread over more segments opens more files; a file's cache holds only pages read",
         )
     )
+    if config.security.users_file:
+        budgets.append(
+            Budget(
+                "password checks",
+                ("security.users_file",),
+                CHECKS_AT_ONCE * HASH_MEMORY_BYTES,
+                gateways + (1 if config.admin.port >= 0 else 0),
+                "checker",
+                f"{CHECKS_AT_ONCE} scrypt check at a time in each gateway (and the admin API), "
+                f"{format_bytes(HASH_MEMORY_BYTES)} while it runs",
+                each_text=f"{CHECKS_AT_ONCE} x {format_bytes(HASH_MEMORY_BYTES)}",
+            )
+        )
     budgets += _replay(config, replayers, largest)
     return MemoryPlan(tuple(budgets), config_process_costs(config), config.memory.max_memory)
 

@@ -6,11 +6,14 @@ login and passcode go through.
 * `_auth`: `Authenticator`, the check itself: the same answer, and about the same time, for
   an unknown user as for a wrong passcode; successful checks remembered.
 * `_acl`: `AccessControl`, who may read, write and administer which destinations.
+* `_tls`: STOMP over TLS: the listener's `ssl.SSLContext` from the stomp.tls_* files, and
+  the handshake of each connection.
 """
 
 from ._acl import EVERYONE, GROUP_PREFIX, AccessControl
-from ._auth import ANONYMOUS, Authenticator
-from ._kdf import hash_password, verify_password
+from ._auth import ANONYMOUS, CHECKS_AT_ONCE, Authenticator
+from ._kdf import HASH_MEMORY_BYTES, hash_password, verify_password
+from ._tls import TlsHandshakes, server_context, subject_common_name
 from ._users import (
     User,
     UsersFileError,
@@ -24,10 +27,13 @@ from ._users import (
 
 __all__ = [
     "ANONYMOUS",
+    "CHECKS_AT_ONCE",
     "EVERYONE",
     "GROUP_PREFIX",
+    "HASH_MEMORY_BYTES",
     "AccessControl",
     "Authenticator",
+    "TlsHandshakes",
     "User",
     "UsersFileError",
     "check_name",
@@ -37,5 +43,7 @@ __all__ = [
     "load_users",
     "parse_users",
     "save_users",
+    "server_context",
+    "subject_common_name",
     "verify_password",
 ]

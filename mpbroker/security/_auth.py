@@ -17,10 +17,15 @@ from collections import OrderedDict
 from ._kdf import hash_password, verify_password
 from ._users import User
 
-__all__ = ["ANONYMOUS", "Authenticator"]
+__all__ = ["ANONYMOUS", "CHECKS_AT_ONCE", "Authenticator"]
 
 ANONYMOUS = "anonymous"
 """The user of a connection that gave no login, where that is allowed."""
+
+CHECKS_AT_ONCE = 1
+"""Password checks one process (a gateway, the admin API) runs at once: each holds
+`HASH_MEMORY_BYTES` while it runs, which the memory budget counts; more wait their turn.
+One: a check is CPU-bound, and there is a gateway per CPU."""
 
 _REMEMBERED = 1024
 

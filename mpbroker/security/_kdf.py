@@ -13,9 +13,11 @@ import hashlib
 import hmac
 import os
 
-__all__ = ["hash_password", "verify_password"]
+__all__ = ["HASH_MEMORY_BYTES", "hash_password", "verify_password"]
 
 _N, _R, _P = 2**14, 8, 1
+HASH_MEMORY_BYTES = 128 * _R * (_N + _P)
+"""What checking one password holds while it runs (scrypt's 128 x r x (N + p) bytes)."""
 _SALT_BYTES = 16
 _KEY_BYTES = 32
 # Room for N = 2**20 with r = 8 (1 GiB would be refused by OpenSSL's default of 32 MiB).

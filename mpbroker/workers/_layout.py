@@ -107,6 +107,8 @@ class WorkerSpec:
     layout: Layout
     config: Config
     port: int
+    # The STOMP over TLS port the supervisor reserved (-1: no TLS listener).
+    tls_port: int = -1
 
     @property
     def title(self) -> str:

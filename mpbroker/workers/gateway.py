@@ -18,19 +18,28 @@ import os
 import signal
 import socket
 import time
+from functools import partial
 from pathlib import Path
+from typing import TypeAlias
 
 import trio
 
 from mpbroker import records
 from mpbroker.admin import GatewayStats, HeldSend
 from mpbroker.clock import epoch_ms
-from mpbroker.config import Config
+from mpbroker.config import Config, ConfigError
 from mpbroker.errors import AuthenticationFailed
 from mpbroker.flow import FlowGate, Stop
 from mpbroker.logs import client_text, log_collapsed
 from mpbroker.records import Hello, Record
-from mpbroker.security import AccessControl, Authenticator, UsersFileError, load_users
+from mpbroker.security import (
+    AccessControl,
+    Authenticator,
+    TlsHandshakes,
+    UsersFileError,
+    load_users,
+    server_context,
+)
 from mpbroker.session import (
     Admission,
     GatewaySession,
@@ -72,6 +81,8 @@ _LISTEN_BACKLOG = 1024
 # CONNECTs must not run dozens (trio's default) side by side; the rest wait their turn.
 _AUTH_THREADS = 2
 _CLOSE_TIMEOUT_S = 2.0
+# What a connection reads and writes: its socket, or TLS over it (stomp.tls_port).
+_ClientStream: TypeAlias = trio.SocketStream | trio.SSLStream[trio.SocketStream]
 
 
 class _Admitted(enum.Enum):
@@ -150,7 +161,7 @@ class _Connection:
     """One client's socket and session, and what the shell keeps for them: the bytes taken
     from the session and not yet written, the writer's wake-up, the producer's paces."""
 
-    def __init__(self, session: GatewaySession, stream: trio.SocketStream, peer: str) -> None:
+    def __init__(self, session: GatewaySession, stream: _ClientStream, peer: str) -> None:
         self.session = session
         self.stream = stream
         self.peer = peer
@@ -431,12 +442,8 @@ class Gateway:
             total += self.control.slot(self.layout.gateway_slot(g)).counter(GATEWAY_CONNECTIONS)
         return total
 
-    async def serve_connection(self, stream: trio.SocketStream) -> None:
-        try:
-            host, port = stream.socket.getpeername()[:2]
-            peer = f"{host}:{port}"
-        except OSError:
-            peer = "?"
+    async def serve_connection(self, stream: _ClientStream) -> None:
+        peer = _peer_name(stream)
         limit = self.config.broker.max_connections
         if self.stopping or self._open_connections() >= limit:
             await self._refuse(stream, peer, limit)
@@ -480,7 +487,7 @@ class Gateway:
             self.flush(conn)
             await trio.aclose_forcefully(stream)
 
-    async def _refuse(self, stream: trio.SocketStream, peer: str, limit: int) -> None:
+    async def _refuse(self, stream: _ClientStream, peer: str, limit: int) -> None:
         reason = "broker is shutting down" if self.stopping else f"max_connections {limit} reached"
         log_collapsed(
             log,
@@ -522,7 +529,9 @@ class Gateway:
             deadline = min(deadline, frame_deadline)
             with trio.CancelScope(deadline=deadline) as scope:
                 try:
-                    data = await conn.stream.receive_some(reader_bytes)
+                    # bytes() for the type checker: an SSLStream's reads are typed
+                    # bytes | bytearray, and are bytes (of which bytes() is no copy).
+                    data = bytes(await conn.stream.receive_some(reader_bytes))
                 except (trio.BrokenResourceError, trio.ClosedResourceError):
                     data = b""
             if scope.cancelled_caught:
@@ -742,28 +751,64 @@ def _access_control(config: Config) -> AccessControl:
     return AccessControl(config.acl, config.queues.dead_letter_prefix)
 
 
-def _listen_socket(host: str, port: int) -> trio.socket.SocketType:
+def _peer_name(stream: _ClientStream) -> str:
+    """The client's HOST:PORT ("?" once it has gone); a TLS stream's socket is its
+    transport's."""
+    sock = stream.transport_stream.socket if isinstance(stream, trio.SSLStream) else stream.socket
+    try:
+        host, port = sock.getpeername()[:2]
+    except OSError:
+        return "?"
+    return f"{host}:{port}"
+
+
+async def _listen_socket(host: str, port: int, what: str = "") -> trio.socket.SocketType:
+    """A socket listening on a port the supervisor reserved: every gateway listens on it
+    (SO_REUSEPORT), and the kernel spreads the connections over them."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = trio.socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    try:
+        await sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        if exc.errno == errno.EADDRINUSE:
+            raise OSError(exc.errno, f"cannot listen on {host}:{port}{what}: in use") from None
+        raise
+    sock.listen(_LISTEN_BACKLOG)
     return sock
 
 
 async def _main(spec: WorkerSpec, stop: StopOnSignal) -> None:
+    config = spec.config
+    host = config.broker.host
+    tls = None
+    if spec.tls_port >= 0:
+        # The supervisor loaded these files at start; a gateway that restarts loads them
+        # again (they may have been replaced meanwhile).
+        try:
+            tls = server_context(config.stomp)
+        except ConfigError as exc:
+            log.error("%s cannot listen for STOMP over TLS: %s", spec.title, exc)
+            raise SystemExit(1) from None
     gateway = Gateway(spec)
     try:
-        sock = _listen_socket(spec.config.broker.host, spec.port)
-        try:
-            await sock.bind((spec.config.broker.host, spec.port))
-        except OSError as exc:
-            if exc.errno == errno.EADDRINUSE:
-                raise OSError(
-                    exc.errno, f"cannot listen on {spec.config.broker.host}:{spec.port}: in use"
-                ) from None
-            raise
-        sock.listen(_LISTEN_BACKLOG)
-        listener = trio.SocketListener(sock)
+        listener = trio.SocketListener(await _listen_socket(host, spec.port))
+        tls_listener = None
+        if tls is not None:
+            tls_sock = await _listen_socket(host, spec.tls_port, " (stomp.tls_port)")
+            tls_listener = trio.SSLListener(trio.SocketListener(tls_sock), tls)
+        # The listener leaves the handshake to the first read or write; `serve_tls` runs it
+        # first, with a deadline, so that a failure is told apart from a client that left.
+        handshakes = TlsHandshakes(
+            config.stomp.connect_timeout_ms / 1000, config.broker.max_connections_connecting, log
+        )
+
+        async def serve_tls(stream: trio.SSLStream[trio.SocketStream]) -> None:
+            if await handshakes.complete(stream, _peer_name(stream)):
+                await gateway.serve_connection(stream)
+
         with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
             async with trio.open_nursery() as nursery:
                 for port in gateway.ports:
@@ -779,10 +824,12 @@ async def _main(spec: WorkerSpec, stop: StopOnSignal) -> None:
                 async def accept() -> None:
                     with accepting:
                         # Connections run in the outer nursery, so that stopping the
-                        # accept loop leaves them open until they are told to close.
-                        await trio.serve_listeners(
-                            gateway.serve_connection, [listener], handler_nursery=nursery
-                        )
+                        # accept loops leaves them open until they are told to close.
+                        async with trio.open_nursery() as loops:
+                            serve = partial(trio.serve_listeners, handler_nursery=nursery)
+                            loops.start_soon(serve, gateway.serve_connection, [listener])
+                            if tls_listener is not None:
+                                loops.start_soon(serve, serve_tls, [tls_listener])
 
                 nursery.start_soon(accept)
                 if not stop.requested:  # (a signal before the receiver was there)
@@ -791,6 +838,8 @@ async def _main(spec: WorkerSpec, stop: StopOnSignal) -> None:
                 gateway.slot.state = STATE_STOPPING
                 accepting.cancel()
                 await listener.aclose()
+                if tls_listener is not None:
+                    await tls_listener.aclose()
                 await gateway.shutdown_connections()
                 # What the connections said last (ConnClosed) reaches the pipelines, unless
                 # a ring stays full (a stopped pipeline) for longer than this.

@@ -27,7 +27,7 @@ from mpbroker.admin.server import AdminServer, WorkerRef, allowed_names, status_
 from mpbroker.config import Config, ConfigError, parse_levels, reload_flow_settings
 from mpbroker.memory import MemWatch, broker_memory_bytes, check, require_fits
 from mpbroker.routing import Topology
-from mpbroker.security import UsersFileError, load_users
+from mpbroker.security import UsersFileError, load_users, server_context
 from mpbroker.shm import (
     STATE_EMPTY,
     STATE_READY,
@@ -123,6 +123,9 @@ class Supervisor:
         self.admin: AdminServer | None = None
         self.port_holder: socket.socket | None = None
         self.port = broker.port
+        # STOMP over TLS (stomp.tls_port; -1: none), reserved the same way.
+        self.tls_holder: socket.socket | None = None
+        self.tls_port = config.stomp.tls_port
         self._stop = False
         # SIGHUP: where the configuration is read again from (None: no file to reload).
         self.reload_source = reload_source
@@ -181,40 +184,27 @@ class Supervisor:
         log.debug("created %d rings of %d bytes (%d bytes)", len(self.rings), capacity, total)
 
     def reserve_port(self) -> None:
-        """Bind (without listening) so the port stays ours across gateway restarts.
+        """Bind (without listening) so the ports stay ours across gateway restarts: the
+        STOMP port, and the STOMP over TLS port when there is one.
 
         A bound socket that does not listen receives no connections; the gateways bind the
         same port with SO_REUSEPORT and listen. With --port 0 this is how the port is chosen.
         """
         host = self.config.broker.host
-        family = socket.AF_INET6 if ":" in host else socket.AF_INET
-        # First a plain bind (no SO_REUSEPORT): it fails if anything listens there, even
-        # another broker whose SO_REUSEPORT group would otherwise silently share our port.
-        probe = socket.socket(family, socket.SOCK_STREAM)
-        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            probe.bind((host, self.config.broker.port))
-            port = probe.getsockname()[1]
-        except OSError as exc:
-            raise StartupError(
-                f"cannot listen on {host}:{self.config.broker.port}: {exc.strerror}"
-            ) from None
-        finally:
-            probe.close()
-        sock = socket.socket(family, socket.SOCK_STREAM)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-        try:
-            sock.bind((host, port))
-        except OSError as exc:
-            sock.close()
-            raise StartupError(f"cannot listen on {host}:{port}: {exc.strerror}") from None
-        self.port_holder = sock
-        self.port = port
+        self.port_holder, self.port = _reserve(host, self.config.broker.port, "")
+        tls_port = self.config.stomp.tls_port
+        if tls_port >= 0:
+            self.tls_holder, self.tls_port = _reserve(host, tls_port, " (stomp.tls_port)")
 
     def _spec(self, worker: _Worker) -> WorkerSpec:
         return WorkerSpec(
-            worker.role, worker.index, worker.incarnation, self.layout, self.config, self.port
+            worker.role,
+            worker.index,
+            worker.incarnation,
+            self.layout,
+            self.config,
+            self.port,
+            self.tls_port,
         )
 
     def _slot_index(self, worker: _Worker) -> int:
@@ -292,12 +282,19 @@ class Supervisor:
         admin = self.config.admin
         if admin.port < 0:
             return
+        users_file = self.config.security.users_file
+        try:
+            # With a users file, only its group `admin` may read the API.
+            users = load_users(Path(users_file)) if users_file else None
+        except UsersFileError as exc:  # broken since serve() read it
+            raise StartupError(str(exc), EXIT_REFUSED) from None
         try:
             self.admin = AdminServer(
                 admin.host,
                 admin.port,
                 self.admin_status,
                 allowed_names(admin.host, admin.host_names),
+                users,
             )
         except OSError as exc:
             raise StartupError(
@@ -520,10 +517,11 @@ class Supervisor:
             log.error("SIGHUP: configuration not reloaded: %s", exc)
             return
         users_file = effective.security.users_file
+        users = None
         if users_file:
             # The gateways read it again when the generation changes: it must be good.
             try:
-                load_users(Path(users_file))
+                users = load_users(Path(users_file))
             except UsersFileError as exc:
                 log.error("SIGHUP: configuration not reloaded: %s", exc)
                 return
@@ -548,6 +546,9 @@ class Supervisor:
         self.config = effective  # restarted workers start with it too
         assert self.control is not None
         self.control.config_generation += 1
+        if self.admin is not None and users is not None:
+            # Along with the gateways: the admin API checks the users read just now.
+            self.admin.use_users(users)
         log.info("SIGHUP: flow settings reloaded (generation %d)", self.control.config_generation)
 
     def kill_stalled(self) -> None:
@@ -623,9 +624,37 @@ class Supervisor:
             self.instance_lock.release()
         if self.port_holder is not None:
             self.port_holder.close()
+        if self.tls_holder is not None:
+            self.tls_holder.close()
         signal.set_wakeup_fd(-1)
         self._wakeup_r.close()
         self._wakeup_w.close()
+
+
+def _reserve(host: str, port: int, what: str) -> tuple[socket.socket, int]:
+    """A socket bound to `port` (0: a free one) with SO_REUSEPORT, and the port; StartupError
+    naming the address (and `what`) if it is taken."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    # First a plain bind (no SO_REUSEPORT): it fails if anything listens there, even
+    # another broker whose SO_REUSEPORT group would otherwise silently share our port.
+    probe = socket.socket(family, socket.SOCK_STREAM)
+    probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        probe.bind((host, port))
+        port = probe.getsockname()[1]
+    except OSError as exc:
+        raise StartupError(f"cannot listen on {host}:{port}{what}: {exc.strerror}") from None
+    finally:
+        probe.close()
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        raise StartupError(f"cannot listen on {host}:{port}{what}: {exc.strerror}") from None
+    return sock, port
 
 
 def serve(config: Config, reload_source: Callable[[], Config] | None = None) -> int:
@@ -678,6 +707,13 @@ def serve(config: Config, reload_source: Callable[[], Config] | None = None) -> 
         except UsersFileError as exc:
             log.error("cannot start: %s", exc)
             return EXIT_REFUSED
+    if config.stomp.tls_port >= 0:
+        # Loaded here to be refused before anything starts; each gateway loads them again.
+        try:
+            server_context(config.stomp)
+        except ConfigError as exc:
+            log.error("cannot start: %s", exc)
+            return EXIT_REFUSED
     try:
         supervisor = Supervisor(config, reload_source)
     except StartupError as exc:
@@ -698,6 +734,8 @@ def serve(config: Config, reload_source: Callable[[], Config] | None = None) -> 
         supervisor.start_all()
         supervisor.wait_ready()
         supervisor.start_admin()
+        if supervisor.tls_holder is not None:
+            log.info("STOMP over TLS on %s:%d", broker.host, supervisor.tls_port)
         log.info("mpbroker ready on %s:%d", broker.host, supervisor.port)
         now = time.monotonic()
         supervisor.watch_memory(now)  # READY's status line shows the memory in use

@@ -10,11 +10,13 @@ import os
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
+from email.message import Message
 from typing import Any
 
 import msgspec
 import pytest
 
+from mpbroker import logs
 from mpbroker.admin import (
     ConsumerRow,
     DurableRow,
@@ -31,6 +33,7 @@ from mpbroker.admin import (
     encode,
     without_details,
 )
+from mpbroker.admin.access import authorization
 from mpbroker.admin.server import (
     LOCAL_NAMES,
     AdminServer,
@@ -42,6 +45,8 @@ from mpbroker.admin.server import (
     page_of,
     status_view,
 )
+from mpbroker.logs import Collapser
+from mpbroker.security import User, hash_password
 from mpbroker.shm import ControlBlock, StatsBlock, remove_instance, segment_name
 from mpbroker.workers._base import publish
 
@@ -348,3 +353,88 @@ def test_a_request_for_another_host_name_is_refused(caplog: pytest.LogCaptureFix
         "refused a request from 127.0.0.1 for Host evil.example" in r.getMessage()
         for r in caplog.records
     )
+
+
+def ask(server: AdminServer, path: str, **headers: str) -> tuple[int, Message, Any]:
+    """Status, headers and JSON body of a GET with these headers."""
+    host, port = server.address
+    request = urllib.request.Request(f"http://{host}:{port}{path}", headers=headers)
+    try:
+        with urllib.request.urlopen(request, timeout=10) as reply:
+            return reply.status, reply.headers, json.load(reply)
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.headers, json.load(exc)
+
+
+def test_with_users_only_a_user_in_group_admin_reads_the_pages(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Refusals are collapsed per address: start from a clean slate, whatever ran before.
+    monkeypatch.setattr(logs, "_collapser", Collapser())
+    fast = {"n": 2**4, "r": 1}
+    users = {
+        "root": User("root", hash_password("r00t", **fast), ("admin",)),
+        "alice": User("alice", hash_password("s3cret", **fast), ("producers",)),
+    }
+    server = AdminServer("127.0.0.1", 0, lambda: status(p2p(2)), users=users)
+    server.start()
+    challenge = 'Basic realm="mpbroker", charset="UTF-8"'
+    try:
+        code, headers, body = ask(server, "/status")
+        assert (code, headers["WWW-Authenticate"], headers["Content-Type"]) == (
+            401,
+            challenge,
+            "application/json",
+        )
+        assert body == {
+            "error": "authentication required: HTTP Basic credentials of a user in group 'admin'"
+        }
+        # Without credentials, not even which pages there are.
+        assert ask(server, "/nonesuch")[0] == 401
+        wrong = ask(server, "/status", Authorization=authorization("root", "guess"))
+        unknown = ask(server, "/flow", Authorization=authorization("mallory", "r00t"))
+        for code, headers, body in (wrong, unknown):
+            assert (code, headers["WWW-Authenticate"], body) == (
+                401,
+                challenge,
+                {"error": "authentication failed"},
+            )
+        malformed = ask(server, "/status", Authorization="Basic !!!")
+        assert (malformed[0], malformed[2]) == (
+            401,
+            {"error": "malformed Authorization header: the credentials are not base64"},
+        )
+        code, headers, body = ask(server, "/status", Authorization=authorization("alice", "s3cret"))
+        assert (code, body) == (403, {"error": "user 'alice' is not in group 'admin'"})
+        assert "WWW-Authenticate" not in headers  # other credentials would not help alice
+        admin = authorization("root", "r00t")
+        code, _, page = ask(server, "/status", Authorization=admin)
+        assert (code, [w["title"] for w in page["workers"]]) == (200, ["p2p 0"])
+        code, _, page = ask(server, "/flow?limit=1", Authorization=admin)
+        assert (code, page["destinations_not_shown"]) == (200, 1)
+        assert ask(server, "/nonesuch", Authorization=admin)[0] == 404
+        # The Host header is checked first: a rebinding page never sees a credentials prompt.
+        code, headers, _ = ask(server, "/status", Host="evil.example")
+        assert code == 403 and "WWW-Authenticate" not in headers
+        # SIGHUP read the users again: the new password gets in, the old one (remembered
+        # a moment ago) no longer does.
+        server.use_users({"root": User("root", hash_password("n3w", **fast), ("admin",))})
+        assert ask(server, "/status", Authorization=admin)[0] == 401
+        assert ask(server, "/status", Authorization=authorization("root", "n3w"))[0] == 200
+    finally:
+        server.close()
+    lines = [r.getMessage() for r in caplog.records if r.name == "mpbroker.admin"]
+    for expected in (
+        "admin: refused a request from 127.0.0.1: authentication required: HTTP Basic "
+        "credentials of a user in group 'admin' (HTTP 401)",
+        "admin: refused a request from 127.0.0.1 by 'root': authentication failed (HTTP 401)",
+        "admin: refused a request from 127.0.0.1: malformed Authorization header: the "
+        "credentials are not base64 (HTTP 401)",
+        "admin: refused a request from 127.0.0.1 by 'alice': user 'alice' is not in group "
+        "'admin' (HTTP 403)",
+    ):
+        assert expected in lines, lines
+    # The second failed password from the same address within 10 s is only counted...
+    assert not any("mallory" in line for line in lines)
+    # ... and no password is ever logged.
+    assert not any(word in line for line in lines for word in ("r00t", "guess", "s3cret", "n3w"))

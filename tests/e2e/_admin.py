@@ -3,18 +3,51 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import time
+import urllib.error
 import urllib.request
 from collections.abc import Callable
+from email.message import Message
+from pathlib import Path
 from typing import Any
 
+from mpbroker.admin.access import authorization
 from mpbroker.harness import BrokerProcess
 
 
-def get(broker: BrokerProcess, path: str) -> dict[str, Any]:
-    with urllib.request.urlopen(f"http://127.0.0.1:{broker.admin_port}{path}", timeout=10) as r:
+def get(
+    broker: BrokerProcess, path: str, credentials: tuple[str, str] | None = None
+) -> dict[str, Any]:
+    """The page at `path` (as a user and password, for a broker with a users file)."""
+    request = urllib.request.Request(f"http://127.0.0.1:{broker.admin_port}{path}")
+    if credentials is not None:
+        request.add_header("Authorization", authorization(*credentials))
+    with urllib.request.urlopen(request, timeout=10) as r:
         data: dict[str, Any] = json.load(r)
         return data
+
+
+def ask(broker: BrokerProcess, path: str, **headers: str) -> tuple[int, Message, Any]:
+    """Status, headers and JSON body of a GET with these headers, whatever the status."""
+    request = urllib.request.Request(f"http://127.0.0.1:{broker.admin_port}{path}", headers=headers)
+    try:
+        with urllib.request.urlopen(request, timeout=10) as reply:
+            return reply.status, reply.headers, json.load(reply)
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.headers, json.load(exc)
+
+
+def user_add(users: Path, name: str, password: str, *groups: str, replace: bool = False) -> None:
+    """`mpbroker user add` as an operator runs it, the password on stdin."""
+    command = [sys.executable, "-m", "mpbroker", "user", "add", name, "--users-file", str(users)]
+    for group in groups:
+        command += ["--group", group]
+    if replace:
+        command.append("--replace")
+    done = subprocess.run(command, input=password + "\n", capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
 
 
 def eventually(check: Callable[[], Any], timeout: float = 10) -> Any:
