@@ -46,9 +46,18 @@ class RawClient:
     """
 
     def __init__(
-        self, host: str, port: int, timeout: float = 10.0, *, send_timeout: float | None = 10.0
+        self,
+        host: str,
+        port: int,
+        timeout: float = 10.0,
+        *,
+        send_timeout: float | None = 10.0,
+        source: str | None = None,
     ) -> None:
-        self.sock = socket.create_connection((host, port), timeout=timeout)
+        # `source`: the local address to connect from (127.0.0.2, say: another client
+        # address on loopback).
+        address = None if source is None else (source, 0)
+        self.sock = socket.create_connection((host, port), timeout=timeout, source_address=address)
         # Frames go out whole or in big batches already; Nagle would only delay the small
         # ones (a lone ACK, a DISCONNECT) by a delayed-ACK round trip.
         self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)

@@ -159,35 +159,20 @@ class TlsHandshakes:
 
     Each runs in its connection's own task, so a slow one holds up no other connection,
     and must complete within `timeout_s` of the accept: a client that connects and says
-    nothing is dropped then. At most `limit` run at once; more connections are closed at
-    once. A failed handshake is logged (collapsed per address) and ends only its connection.
+    nothing is dropped then. (The gateway counts a connection as connecting from its
+    accept, so `broker.max_connections_connecting` bounds the handshakes too.) A failed
+    handshake is logged (collapsed per address) and ends only its connection.
     """
 
-    def __init__(self, timeout_s: float, limit: int, logger: logging.Logger) -> None:
+    def __init__(self, timeout_s: float, logger: logging.Logger) -> None:
         self.timeout_s = timeout_s
-        self.limit = limit
         self.log = logger
-        self.running = 0
 
     async def complete(self, stream: trio.SSLStream[trio.SocketStream], peer: str) -> bool:
         """Run the handshake of a new connection from `peer` (HOST:PORT). True when it
         completed: the stream is the connection's now. False when it did not: it is closed."""
         import trio
 
-        if self.running >= self.limit:
-            log_collapsed(
-                self.log,
-                logging.WARNING,
-                "refused a TLS connection",
-                peer,
-                "refused a TLS connection from %s: %d handshakes in progress "
-                "(broker.max_connections_connecting)",
-                peer,
-                self.running,
-            )
-            await trio.aclose_forcefully(stream)
-            return False
-        self.running += 1
         kind, level, failure = "TLS handshake failed", logging.WARNING, ""
         try:
             with trio.move_on_after(self.timeout_s) as scope:
@@ -199,8 +184,6 @@ class TlsHandshakes:
         except Exception as exc:
             # One connection's failure must never take the gateway down.
             failure = f"{type(exc).__name__}: {exc}"
-        finally:
-            self.running -= 1
         if not failure and scope.cancelled_caught:
             kind, level = "TLS handshake not completed", logging.INFO
             failure = f"none within {self.timeout_s * 1000:.0f} ms (stomp.connect_timeout_ms)"

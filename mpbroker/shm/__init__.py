@@ -7,6 +7,7 @@
   how writers wake it.
 - :class:`ControlBlock`, :class:`WorkerSlot`: per-worker heartbeat, state and counters, and the
   MemWatch level.
+- :class:`AddressCounts`: each gateway's connections per client address, added up by all.
 - :func:`segment_name`, :func:`remove_instance`, :func:`sweep_stale`: every entry is named
   ``mpb.<instance>.<purpose>`` so a start can remove what a killed instance left behind.
 - :class:`InstanceLock`: the supervisor's lock on ``mpb.<instance>.lock``, held while the
@@ -29,6 +30,7 @@ process creates its own doorbell, writers attach)::
 See docs/architecture.md, "Shared memory", for the traps these modules handle.
 """
 
+from ._addresses import AddressCounts
 from ._control import (
     COUNTERS,
     STATE_EMPTY,
@@ -78,6 +80,7 @@ __all__ = [
     "STATE_READY",
     "STATE_STARTING",
     "STATE_STOPPING",
+    "AddressCounts",
     "ControlBlock",
     "Doorbell",
     "InstanceLock",

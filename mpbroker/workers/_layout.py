@@ -34,6 +34,11 @@ class Layout:
     def control(self) -> str:
         return segment_name(self.instance, "control")
 
+    @property
+    def addresses(self) -> str:
+        """The gateways' connections per client address (`AddressCounts`)."""
+        return segment_name(self.instance, "addresses")
+
     def to_pipeline(self, gateway: int, pipeline: int) -> str:
         """Ring written by a gateway, read by a pipeline."""
         return segment_name(self.instance, f"g{gateway}-p{pipeline}")

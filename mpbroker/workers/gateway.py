@@ -30,9 +30,10 @@ from mpbroker.clock import epoch_ms
 from mpbroker.config import Config, ConfigError
 from mpbroker.errors import AuthenticationFailed
 from mpbroker.flow import FlowGate, Stop
-from mpbroker.logs import client_text, log_collapsed
+from mpbroker.logs import client_text, log_collapsed, peer_address
 from mpbroker.records import Hello, Record
 from mpbroker.security import (
+    CHECKS_AT_ONCE,
     AccessControl,
     Authenticator,
     TlsHandshakes,
@@ -51,6 +52,7 @@ from mpbroker.session import (
 )
 from mpbroker.shm import (
     STATE_STOPPING,
+    AddressCounts,
     Doorbell,
     Ring,
     RingReader,
@@ -68,7 +70,7 @@ from mpbroker.stomp import (
 )
 
 from ._base import StopOnSignal, WorkerBase
-from ._counters import GATEWAY_CONNECTIONS, GATEWAY_FRAMES_IN
+from ._counters import GATEWAY_CONNECTING, GATEWAY_CONNECTIONS, GATEWAY_FRAMES_IN
 from ._layout import WorkerSpec
 
 __all__ = ["run_gateway"]
@@ -77,9 +79,6 @@ log = logging.getLogger("mpbroker.gateway")
 
 
 _LISTEN_BACKLOG = 1024
-# Password checks at once per gateway: each scrypt check holds 16 MiB, so a flood of
-# CONNECTs must not run dozens (trio's default) side by side; the rest wait their turn.
-_AUTH_THREADS = 2
 _CLOSE_TIMEOUT_S = 2.0
 # What a connection reads and writes: its socket, or TLS over it (stomp.tls_port).
 _ClientStream: TypeAlias = trio.SocketStream | trio.SSLStream[trio.SocketStream]
@@ -168,6 +167,8 @@ class _Connection:
         self.wake = trio.Event()
         self.unsent: list[bytes | memoryview] = []
         self.pacer = Pacer()
+        # Not yet through CONNECT: counted in the gateway's GATEWAY_CONNECTING.
+        self.connecting = True
 
     def notify(self) -> None:
         self.wake.set()
@@ -182,13 +183,18 @@ class Gateway:
         # The supervisor read the users file just before: it is readable.
         self.authenticator = self._load_authenticator(spec.config)
         self.access = _access_control(spec.config)
-        self._auth_limiter = trio.CapacityLimiter(_AUTH_THREADS)
+        self._auth_limiter = trio.CapacityLimiter(CHECKS_AT_ONCE)
         layout = spec.layout
         self.layout = layout
         self.index = spec.index
         self.base = WorkerBase(spec, layout.gateway_bell(spec.index))
         self.control = self.base.control
         self.slot = self.base.slot
+        self.addresses = AddressCounts.attach(layout.addresses)
+        # A predecessor's connections died with it; its slot's counters start again too.
+        self.addresses.clear(spec.index)
+        self.slot.add_counter(GATEWAY_CONNECTIONS, -self.slot.counter(GATEWAY_CONNECTIONS))
+        self.slot.add_counter(GATEWAY_CONNECTING, -self.slot.counter(GATEWAY_CONNECTING))
         pipelines = layout.topology.pipelines
         self.pipeline_bells = [
             Doorbell.attach(layout.pipeline_bell(p), missing_ok=True) for p in range(pipelines)
@@ -435,31 +441,78 @@ class Gateway:
 
     # -- connections ---------------------------------------------------------------------
 
-    def _open_connections(self) -> int:
-        """Connections open on every gateway (each gateway counts its own in its slot)."""
-        total = 0
-        for g in range(self.layout.gateways):
-            total += self.control.slot(self.layout.gateway_slot(g)).counter(GATEWAY_CONNECTIONS)
-        return total
+    def _total(self, counter: int) -> int:
+        """A counter of every gateway's slot, added up (each counts its own)."""
+        layout, control = self.layout, self.control
+        return sum(
+            control.slot(layout.gateway_slot(g)).counter(counter) for g in range(layout.gateways)
+        )
 
-    async def serve_connection(self, stream: _ClientStream) -> None:
+    def _refusal(self, address: str) -> str:
+        """Why a new connection from `address` is refused ("": it is not)."""
+        broker = self.config.broker
+        if self.stopping:
+            return "broker is shutting down"
+        if self._total(GATEWAY_CONNECTIONS) >= broker.max_connections:
+            return f"max_connections {broker.max_connections} reached"
+        # Connections that have not said who they are yet have their own, smaller limit, so
+        # that idle sockets cannot take every connection from clients that have.
+        connecting = min(broker.max_connections_connecting, broker.max_connections)
+        if self._total(GATEWAY_CONNECTING) >= connecting:
+            return f"max_connections_connecting {connecting} reached"
+        per_address = broker.max_connections_per_address
+        if per_address and self.addresses.total(address) >= per_address:
+            return f"max_connections_per_address {per_address} reached"
+        return ""
+
+    async def accept(self, stream: _ClientStream, tls: TlsHandshakes | None = None) -> None:
+        """A new connection (from either listener): counted against the limits, refused
+        past them; a TLS connection's handshake first, then `serve_connection`."""
         peer = _peer_name(stream)
-        limit = self.config.broker.max_connections
-        if self.stopping or self._open_connections() >= limit:
-            await self._refuse(stream, peer, limit)
+        address = peer_address(peer)
+        reason = self._refusal(address)
+        if reason:
+            await self._refuse(stream, peer, reason)
             return
-        conn_id = next(self._conn_ids)
+        self.slot.add_counter(GATEWAY_CONNECTIONS, 1)
+        self.slot.add_counter(GATEWAY_CONNECTING, 1)
+        self.addresses.add(self.index, address, 1)
+        conn: _Connection | None = None
+        try:
+            # (A failed handshake closes its stream.)
+            if tls is None or (
+                isinstance(stream, trio.SSLStream) and await tls.complete(stream, peer)
+            ):
+                conn = self._open(stream, peer)
+                await self.serve_connection(conn)
+        finally:
+            self.slot.add_counter(GATEWAY_CONNECTIONS, -1)
+            if conn is None or conn.connecting:
+                self.slot.add_counter(GATEWAY_CONNECTING, -1)
+            self.addresses.add(self.index, address, -1)
+
+    def _open(self, stream: _ClientStream, peer: str) -> _Connection:
         session = GatewaySession(
-            conn_id,
+            next(self._conn_ids),
             self.config,
             self.layout.topology,
             self.message_ids,
             self.tx_budget,
             self.access,
         )
-        conn = _Connection(session, stream, peer)
+        return _Connection(session, stream, peer)
+
+    def _connected(self, conn: _Connection) -> None:
+        """The connection's CONNECT went through: it no longer counts as connecting."""
+        if conn.connecting and conn.session.state is not SessionState.AWAITING_CONNECT:
+            conn.connecting = False
+            self.slot.add_counter(GATEWAY_CONNECTING, -1)
+
+    async def serve_connection(self, conn: _Connection) -> None:
+        """Read and write one connection until it ends (`accept` counted it)."""
+        session, stream, peer = conn.session, conn.stream, conn.peer
+        conn_id = session.conn
         self.connections[conn_id] = conn
-        self.slot.add_counter(GATEWAY_CONNECTIONS, 1)
         try:
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(self._reader, conn)
@@ -481,14 +534,12 @@ class Gateway:
             )
         finally:
             del self.connections[conn_id]
-            self.slot.add_counter(GATEWAY_CONNECTIONS, -1)
             session.closed()
             # Its pipelines hear of the end last (ConnClosed), whatever ended it.
             self.flush(conn)
             await trio.aclose_forcefully(stream)
 
-    async def _refuse(self, stream: _ClientStream, peer: str, limit: int) -> None:
-        reason = "broker is shutting down" if self.stopping else f"max_connections {limit} reached"
+    async def _refuse(self, stream: _ClientStream, peer: str, reason: str) -> None:
         log_collapsed(
             log,
             logging.WARNING,
@@ -499,9 +550,11 @@ class Gateway:
             reason,
         )
         frame = Frame("ERROR", {"message": f"connection refused: {reason}"})
+        # Within a second: a TLS client is told too (its handshake first), unless it is
+        # too slow for that.
         with trio.move_on_after(1), contextlib.suppress(trio.BrokenResourceError):
             await stream.send_all(encode_frame(frame))
-        await stream.aclose()
+        await trio.aclose_forcefully(stream)
 
     async def _reader(self, conn: _Connection) -> None:
         try:
@@ -590,6 +643,8 @@ class Gateway:
                 ):
                     break
                 session.frame_received(frame, now)
+                if conn.connecting:
+                    self._connected(conn)
                 if session.denial:
                     log_collapsed(
                         log,
@@ -744,6 +799,7 @@ class Gateway:
             ring.close()
         for bell in self.pipeline_bells:
             bell.close()
+        self.addresses.close()
         self.base.close()
 
 
@@ -799,15 +855,9 @@ async def _main(spec: WorkerSpec, stop: StopOnSignal) -> None:
         if tls is not None:
             tls_sock = await _listen_socket(host, spec.tls_port, " (stomp.tls_port)")
             tls_listener = trio.SSLListener(trio.SocketListener(tls_sock), tls)
-        # The listener leaves the handshake to the first read or write; `serve_tls` runs it
+        # The listener leaves the handshake to the first read or write; `accept` runs it
         # first, with a deadline, so that a failure is told apart from a client that left.
-        handshakes = TlsHandshakes(
-            config.stomp.connect_timeout_ms / 1000, config.broker.max_connections_connecting, log
-        )
-
-        async def serve_tls(stream: trio.SSLStream[trio.SocketStream]) -> None:
-            if await handshakes.complete(stream, _peer_name(stream)):
-                await gateway.serve_connection(stream)
+        handshakes = TlsHandshakes(config.stomp.connect_timeout_ms / 1000, log)
 
         with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
             async with trio.open_nursery() as nursery:
@@ -827,8 +877,9 @@ async def _main(spec: WorkerSpec, stop: StopOnSignal) -> None:
                         # accept loops leaves them open until they are told to close.
                         async with trio.open_nursery() as loops:
                             serve = partial(trio.serve_listeners, handler_nursery=nursery)
-                            loops.start_soon(serve, gateway.serve_connection, [listener])
+                            loops.start_soon(serve, gateway.accept, [listener])
                             if tls_listener is not None:
+                                serve_tls = partial(gateway.accept, tls=handshakes)
                                 loops.start_soon(serve, serve_tls, [tls_listener])
 
                 nursery.start_soon(accept)

@@ -31,6 +31,7 @@ from mpbroker.security import UsersFileError, load_users, server_context
 from mpbroker.shm import (
     STATE_EMPTY,
     STATE_READY,
+    AddressCounts,
     ControlBlock,
     Doorbell,
     InstanceLock,
@@ -116,6 +117,7 @@ class Supervisor:
         self.rings: list[Ring] = []
         self.bells: list[Doorbell] = []
         self.control: ControlBlock | None = None
+        self.addresses: AddressCounts | None = None
         # Held from before the first segment exists until the last is removed: while it is
         # held, no other broker's start sweeps this instance's segments.
         self.instance_lock: InstanceLock | None = None
@@ -161,6 +163,7 @@ class Supervisor:
         layout = self.layout
         capacity = self.config.rings.capacity_bytes
         self.control = ControlBlock.create(layout.control, layout.workers)
+        self.addresses = AddressCounts.create(layout.addresses, layout.gateways)
         for slot in range(layout.workers):
             self.stats[slot] = StatsBlock.create(layout.stats(slot), self.config.admin.stats_bytes)
         # Doorbell FIFOs exist from the start so writers can attach before their reader
@@ -616,6 +619,9 @@ class Supervisor:
         if self.control is not None:
             self.control.close()
             self.control.unlink()
+        if self.addresses is not None:
+            self.addresses.close()
+            self.addresses.unlink()
         reloaded_config(self.config, self.instance).unlink(missing_ok=True)
         if self.instance_lock is not None:
             # Anything of this instance left behind (e.g. by a worker) goes too, then the
