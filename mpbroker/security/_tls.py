@@ -55,17 +55,17 @@ def _read(key: str, path: str) -> bytes:
         raise ConfigError(key, path, f"cannot read it: {exc.strerror or exc}") from None
 
 
-def _check_certificate(path: str) -> None:
-    """ConfigError for stomp.tls_cert_file unless OpenSSL reads a certificate from it."""
-    probe = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+def _load_certificates(context: ssl.SSLContext, key: str, path: str) -> None:
+    """The certificates of the PEM file `path` into `context`'s trust store; ConfigError
+    naming setting `key` unless OpenSSL reads at least one from it."""
     try:
-        probe.load_verify_locations(cafile=path)
+        context.load_verify_locations(cafile=path)
     except ssl.SSLError as exc:
         raise ConfigError(
-            _CERT, path, f"no PEM certificate could be read from it ({_ssl_reason(exc)})"
+            key, path, f"no PEM certificate could be read from it ({_ssl_reason(exc)})"
         ) from None
-    if not probe.cert_store_stats()["x509"]:
-        raise ConfigError(_CERT, path, "no certificate in it")
+    if not context.cert_store_stats()["x509"]:
+        raise ConfigError(key, path, "no certificate in it")
 
 
 def server_context(stomp: StompSettings) -> ssl.SSLContext:
@@ -104,21 +104,15 @@ def server_context(stomp: StompSettings) -> ssl.SSLContext:
             raise ConfigError(
                 _KEY, key, f"does not match the certificate of {_CERT} = {cert!r}"
             ) from None
-        # OpenSSL says "PEM lib" for a bad certificate and for a bad key alike.
-        _check_certificate(cert)
+        # OpenSSL says "PEM lib" for a bad certificate and for a bad key alike: a probe
+        # tells which.
+        _load_certificates(ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT), _CERT, cert)
         raise ConfigError(
             _KEY, key, f"no PEM private key could be read from it ({_ssl_reason(exc)})"
         ) from None
     if ca:
         _read(_CA, ca)
-        try:
-            context.load_verify_locations(cafile=ca)
-        except ssl.SSLError as exc:
-            raise ConfigError(
-                _CA, ca, f"no PEM certificate could be read from it ({_ssl_reason(exc)})"
-            ) from None
-        if not context.cert_store_stats()["x509"]:
-            raise ConfigError(_CA, ca, "no certificate in it")
+        _load_certificates(context, _CA, ca)
         context.verify_mode = (
             ssl.CERT_REQUIRED if stomp.tls_require_client_cert else ssl.CERT_OPTIONAL
         )

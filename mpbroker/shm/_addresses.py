@@ -19,7 +19,7 @@ import os
 import zlib
 from typing import Final
 
-from ._segment import create_segment_fd, map_fd, open_segment_fd, unlink_segment
+from ._segment import create_mapped, map_fd, open_segment_fd, unlink_segment
 
 __all__ = ["BUCKETS", "AddressCounts"]
 
@@ -48,14 +48,9 @@ class AddressCounts:
         """Create the segment (mode 0600), zeroed, with one row per gateway."""
         if rows < 1:
             raise ValueError(f"address counts need at least 1 row, got {rows}")
-        fd = create_segment_fd(name, rows * _ROW_BYTES, "address counts")
-        try:
-            return cls(name, fd, rows)
-        except BaseException:
-            unlink_segment(name)
-            raise
-        finally:
-            os.close(fd)
+        return create_mapped(
+            name, rows * _ROW_BYTES, "address counts", lambda fd: cls(name, fd, rows)
+        )
 
     @classmethod
     def attach(cls, name: str) -> AddressCounts:

@@ -10,13 +10,24 @@ import contextlib
 import errno
 import mmap
 import os
+from collections.abc import Callable
+from typing import TypeVar
 
 import posix_ipc
 
 from ._errors import SegmentExistsError, SegmentNotFoundError, ShmSpaceError
 from ._naming import SHM_DIR
 
-__all__ = ["create_segment_fd", "map_fd", "open_segment_fd", "shm_free_bytes", "unlink_segment"]
+__all__ = [
+    "create_mapped",
+    "create_segment_fd",
+    "map_fd",
+    "open_segment_fd",
+    "shm_free_bytes",
+    "unlink_segment",
+]
+
+T = TypeVar("T")
 
 SEGMENT_MODE = 0o600
 """Only the broker's user may map our segments: they carry message payloads."""
@@ -68,6 +79,19 @@ def create_segment_fd(name: str, size: int, what: str) -> int:
         unlink_segment(name)
         raise
     return fd
+
+
+def create_mapped(name: str, size: int, what: str, build: Callable[[int], T]) -> T:
+    """Create segment ``name`` (as :func:`create_segment_fd`) and return ``build(fd)``, the
+    handle mapped from it; the fd is closed after, and on any failure nothing is left."""
+    fd = create_segment_fd(name, size, what)
+    try:
+        return build(fd)
+    except BaseException:
+        unlink_segment(name)
+        raise
+    finally:
+        os.close(fd)
 
 
 def open_segment_fd(name: str, what: str) -> tuple[int, int]:

@@ -26,7 +26,7 @@ import time
 
 from ._errors import ShmError
 from ._naming import shm_path
-from ._segment import SEGMENT_MODE, create_segment_fd, map_fd, open_segment_fd, unlink_segment
+from ._segment import SEGMENT_MODE, create_mapped, map_fd, open_segment_fd, unlink_segment
 
 __all__ = ["StatsBlock"]
 
@@ -54,14 +54,7 @@ class StatsBlock:
     def create(cls, name: str, capacity: int) -> StatsBlock:
         """A zeroed block for snapshots of up to `capacity` bytes (mode 0600)."""
         size = _HEADER + capacity
-        fd = create_segment_fd(name, size, "stats block")
-        try:
-            return cls(name, fd, size)
-        except BaseException:
-            unlink_segment(name)
-            raise
-        finally:
-            os.close(fd)
+        return create_mapped(name, size, "stats block", lambda fd: cls(name, fd, size))
 
     @classmethod
     def attach(cls, name: str) -> StatsBlock:

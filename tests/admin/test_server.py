@@ -49,6 +49,7 @@ from mpbroker.logs import Collapser
 from mpbroker.security import User, hash_password
 from mpbroker.shm import ControlBlock, StatsBlock, remove_instance, segment_name
 from mpbroker.workers._base import publish
+from tests.http import ask as ask_url
 
 _counter = itertools.count()
 
@@ -358,12 +359,7 @@ def test_a_request_for_another_host_name_is_refused(caplog: pytest.LogCaptureFix
 def ask(server: AdminServer, path: str, **headers: str) -> tuple[int, Message, Any]:
     """Status, headers and JSON body of a GET with these headers."""
     host, port = server.address
-    request = urllib.request.Request(f"http://{host}:{port}{path}", headers=headers)
-    try:
-        with urllib.request.urlopen(request, timeout=10) as reply:
-            return reply.status, reply.headers, json.load(reply)
-    except urllib.error.HTTPError as exc:
-        return exc.code, exc.headers, json.load(exc)
+    return ask_url(f"http://{host}:{port}{path}", **headers)
 
 
 def test_with_users_only_a_user_in_group_admin_reads_the_pages(

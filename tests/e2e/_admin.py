@@ -1,4 +1,4 @@
-"""Reading a running broker's admin API from tests."""
+"""Reading a running broker's admin API, and making its users (`mpbroker user add`), from tests."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from typing import Any
 
 from mpbroker.admin.access import authorization
 from mpbroker.harness import BrokerProcess
+from tests.http import ask as ask_url
 
 
 def get(
@@ -31,12 +32,7 @@ def get(
 
 def ask(broker: BrokerProcess, path: str, **headers: str) -> tuple[int, Message, Any]:
     """Status, headers and JSON body of a GET with these headers, whatever the status."""
-    request = urllib.request.Request(f"http://127.0.0.1:{broker.admin_port}{path}", headers=headers)
-    try:
-        with urllib.request.urlopen(request, timeout=10) as reply:
-            return reply.status, reply.headers, json.load(reply)
-    except urllib.error.HTTPError as exc:
-        return exc.code, exc.headers, json.load(exc)
+    return ask_url(f"http://127.0.0.1:{broker.admin_port}{path}", **headers)
 
 
 def user_add(users: Path, name: str, password: str, *groups: str, replace: bool = False) -> None:

@@ -16,16 +16,9 @@ import stomp
 
 from mpbroker.client import StompError, connect
 from mpbroker.harness import BrokerProcess, RawClient
+from tests.e2e._admin import user_add
 
 pytestmark = pytest.mark.slow
-
-
-def user_add(users: Path, name: str, password: str, *groups: str) -> None:
-    command = [sys.executable, "-m", "mpbroker", "user", "add", name, "--users-file", str(users)]
-    for group in groups:
-        command += ["--group", group]
-    done = subprocess.run(command, input=password + "\n", capture_output=True, text=True)
-    assert done.returncode == 0, done.stderr
 
 
 @pytest.fixture(scope="module")

@@ -14,7 +14,7 @@ import stomp
 
 from mpbroker.client import StompError, connect
 from mpbroker.harness import BrokerProcess, RawClient
-from tests.e2e.test_authentication import user_add
+from tests.e2e._admin import user_add
 
 pytestmark = pytest.mark.slow
 
