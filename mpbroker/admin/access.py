@@ -70,7 +70,8 @@ def authorization(user: str, password: str) -> str:
 
 @dataclass(frozen=True, slots=True)
 class Access:
-    """What a request gets: `status` 200 (it goes on), 401 or 403; `user` the user name
+    """What a request gets: `status` 200 (it goes on), 401, 403 or 503 (too many checks
+    waiting); `user` the user name
     its credentials gave (None without any; proved only with status 200 or 403); `error`
     the refusal, for the reply ("" when it goes on); `kind` the refusal's constant name,
     for the log (`log_collapsed`)."""
@@ -80,6 +81,9 @@ class Access:
     error: str = ""
     kind: str = ""
 
+
+# How long a request waits for its turn to have its password checked.
+_CHECK_WAIT_S = 5.0
 
 _GRANTED = Access(200)
 _NO_CREDENTIALS = Access(
@@ -134,9 +138,22 @@ class AdminGuard:
                 kind="admin request with malformed credentials",
             )
         checked = None
-        if user:  # no name: never the anonymous user of the STOMP door
-            with self._checks:
+        if user and not authenticator.costly(user, password):  # remembered: no hash to wait for
+            checked = authenticator.check(user, password)
+        elif user:  # no name: never the anonymous user of the STOMP door
+            # A thread per request: past a few seconds' queue of checks, a flood of bad
+            # passwords is answered at once instead of piling up threads.
+            if not self._checks.acquire(timeout=_CHECK_WAIT_S):
+                return Access(
+                    503,
+                    user=user,
+                    error="too many logins being checked: try again",
+                    kind="admin busy checking logins",
+                )
+            try:
                 checked = authenticator.check(user, password)
+            finally:
+                self._checks.release()
         if checked is None:
             # An unknown user and a wrong password: one answer, so that it tells neither.
             return Access(

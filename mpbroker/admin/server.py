@@ -253,6 +253,9 @@ class AdminServer:
         self.guard = guard = AdminGuard(users)
 
         class Handler(BaseHTTPRequestHandler):
+            # A client that opens a connection and sends nothing does not keep a thread.
+            timeout = 10
+
             def do_GET(self) -> None:
                 host = self.headers.get("Host")
                 if not host_allowed(host, names):

@@ -24,7 +24,7 @@ from ._schema import (
     sections,
 )
 from ._units import parse_size
-from ._validate import check_consistency, check_watermark
+from ._validate import check_consistency, check_security, check_watermark
 
 __all__ = ["config_from_mapping", "iter_settings", "load_config", "replace_settings"]
 
@@ -102,14 +102,7 @@ def config_from_mapping(data: Mapping[str, Any]) -> Config:
         built[name] = dataclasses.replace(default, **kwargs)
     config = Config(**built)
     check_consistency(config)
-    if config.acl and not config.security.users_file:
-        # Without a users file a login is whatever the client says: anyone could be anyone.
-        raise ConfigError(
-            "security.acl",
-            f"{len(config.acl)} entries",
-            "needs security.users_file (logins are "
-            "not checked without one, so an entry would protect nothing)",
-        )
+    check_security(config)
     return config
 
 

@@ -24,7 +24,7 @@ import dataclasses
 from typing import Any, Final
 
 from ._schema import Config, sections
-from ._validate import check_consistency
+from ._validate import check_consistency, check_security
 
 __all__ = ["RELOADABLE_FIELDS", "RELOADABLE_SECTIONS", "reload_flow_settings"]
 
@@ -65,4 +65,7 @@ def reload_flow_settings(old: Config, new: Config) -> tuple[Config, list[str]]:
     # Who may read and write what is reloaded whole, like the users file.
     effective = Config(**changes, destinations=new.destinations, quotas=old.quotas, acl=new.acl)
     check_consistency(effective)
+    # The entries are reloaded, the users file setting is not: entries must not come into
+    # force on a broker whose logins are not checked.
+    check_security(effective)
     return effective, ignored

@@ -7,7 +7,7 @@ from ._schema import Config, StoreFlowSettings
 from ._units import GiB
 from ._values import parse_disk_free_limit, parse_levels, parse_log_fields
 
-__all__ = ["check_consistency", "check_watermark"]
+__all__ = ["check_consistency", "check_security", "check_watermark"]
 
 
 def _check_memory(config: Config) -> None:
@@ -143,6 +143,13 @@ def _check_tls(config: Config) -> None:
     `mpbroker.security.server_context`)."""
     stomp = config.stomp
     if stomp.tls_port < 0:
+        # Set without a TLS listener they would do nothing: say so rather than ignore them.
+        for key in ("tls_cert_file", "tls_key_file", "tls_ca_file", "tls_require_client_cert"):
+            value = getattr(stomp, key)
+            if value:
+                raise ConfigError(
+                    f"stomp.{key}", value, "has no effect without stomp.tls_port (-1: no TLS)"
+                )
         return
     for key in ("tls_cert_file", "tls_key_file"):
         if not getattr(stomp, key):
@@ -307,3 +314,23 @@ def _check_flow(config: Config) -> None:
                 f"must not exceed queues.max_bytes = {config.queues.max_bytes} "
                 "(producers must stop before messages are refused)",
             )
+
+
+def check_security(config: Config) -> None:
+    """Security settings that would protect nothing without a users file are refused."""
+    security = config.security
+    if security.allow_anonymous == "false" and not security.users_file:
+        raise ConfigError(
+            "security.allow_anonymous",
+            "false",
+            "needs security.users_file: without one any login is let in, so refusing only "
+            "CONNECTs without a login would protect nothing",
+        )
+    if config.acl and not security.users_file:
+        # Without a users file a login is whatever the client says: anyone could be anyone.
+        raise ConfigError(
+            "security.acl",
+            f"{len(config.acl)} entries",
+            "needs security.users_file (logins are "
+            "not checked without one, so an entry would protect nothing)",
+        )

@@ -10,7 +10,7 @@ login and passcode go through.
   the handshake of each connection.
 """
 
-from ._acl import EVERYONE, GROUP_PREFIX, AccessControl
+from ._acl import EVERYONE, GROUP_PREFIX, AccessControl, unknown_names
 from ._auth import ANONYMOUS, CHECKS_AT_ONCE, Authenticator
 from ._kdf import HASH_MEMORY_BYTES, hash_password, verify_password
 from ._tls import TlsHandshakes, server_context, subject_common_name
@@ -45,5 +45,6 @@ __all__ = [
     "save_users",
     "server_context",
     "subject_common_name",
+    "unknown_names",
     "verify_password",
 ]

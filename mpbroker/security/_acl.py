@@ -15,15 +15,35 @@ permissions): each entry names a destination pattern and, per permission, users,
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
 from mpbroker.config import ACL_PERMISSIONS, AclEntry
 from mpbroker.errors import AccessDenied
 
-__all__ = ["EVERYONE", "GROUP_PREFIX", "AccessControl"]
+from ._users import ANONYMOUS, User
+
+__all__ = ["EVERYONE", "GROUP_PREFIX", "AccessControl", "unknown_names"]
 
 EVERYONE = "*"
 GROUP_PREFIX = "group:"
+
+
+def unknown_names(entries: Iterable[AclEntry], users: Mapping[str, User]) -> list[str]:
+    """The users and `group:NAME`s the entries name that no user of `users` is or is in
+    (a typo grants nothing, silently): sorted, for a warning."""
+    groups = {g for user in users.values() for g in user.groups}
+    named = {name for e in entries for p in ACL_PERMISSIONS for name in getattr(e, p)}
+    return sorted(
+        name
+        for name in named
+        if name != EVERYONE
+        and name != ANONYMOUS
+        and (
+            name.removeprefix(GROUP_PREFIX) not in groups
+            if name.startswith(GROUP_PREFIX)
+            else name not in users
+        )
+    )
 
 
 class AccessControl:

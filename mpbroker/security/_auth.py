@@ -15,12 +15,10 @@ import threading
 from collections import OrderedDict
 
 from ._kdf import hash_password, verify_password
-from ._users import User
+from ._users import ANONYMOUS, User
 
 __all__ = ["ANONYMOUS", "CHECKS_AT_ONCE", "Authenticator"]
 
-ANONYMOUS = "anonymous"
-"""The user of a connection that gave no login, where that is allowed."""
 
 CHECKS_AT_ONCE = 1
 """Password checks one process (a gateway, the admin API) runs at once: each holds
@@ -45,10 +43,17 @@ class Authenticator:
         # first need (a hash costs tens of ms, and a gateway without users needs none).
         self._decoy = ""
 
-    def costly(self, login: str | None) -> bool:
+    def costly(self, login: str | None, passcode: str | None) -> bool:
         """Whether checking this login means deriving a hash (tens of ms: a caller with an
-        event loop runs `check` in a thread then), or is answered at once."""
-        return bool(login) and self.users is not None
+        event loop runs `check` in a thread then), or is answered at once (no users, no
+        login, or a success remembered: a reconnecting client waits for no hash)."""
+        if not login or self.users is None:
+            return False
+        with self._lock:
+            return (login, self._digest(passcode)) not in self._remembered
+
+    def _digest(self, passcode: str | None) -> bytes:
+        return hmac.new(self._key, (passcode or "").encode(), hashlib.sha256).digest()
 
     def check(self, login: str | None, passcode: str | None) -> str | None:
         """The user a CONNECT with this login and passcode is, or None (refused)."""
@@ -56,7 +61,7 @@ class Authenticator:
             return ANONYMOUS if self.allow_anonymous else None
         if self.users is None:
             return login
-        digest = hmac.new(self._key, (passcode or "").encode(), hashlib.sha256).digest()
+        digest = self._digest(passcode)
         with self._lock:
             if (login, digest) in self._remembered:
                 self._remembered.move_to_end((login, digest))

@@ -26,6 +26,9 @@ __all__ = [
 ]
 
 _NAME = re.compile(r"[A-Za-z0-9_.@-]{1,128}")
+ANONYMOUS = "anonymous"
+"""The user of a connection that gave no login, where that is allowed (no users file
+may name it)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,6 +56,9 @@ def check_name(name: str, what: str = "user name") -> str:
         raise ValueError(
             f"{what} {name!r}: use 1 to 128 letters, digits and . _ @ - (no spaces or colons)"
         )
+    if name == ANONYMOUS and what == "user name":
+        # The user of a connection without a login: a real one would share its permissions.
+        raise ValueError(f"{what} {name!r} is reserved for connections without a login")
     return name
 
 

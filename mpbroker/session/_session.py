@@ -235,8 +235,8 @@ class GatewaySession:
         self._discard_reason = ""
         self._pending_receipts: dict[int, _PendingReceipt] = {}
         # Receipts a pipeline owes for a record that carries one (SEND, ACK, NACK,
-        # SUBSCRIBE, UNSUBSCRIBE): receipt -> (pipeline, how many records carry it).
-        self._owed: dict[str, tuple[int, int]] = {}
+        # SUBSCRIBE, UNSUBSCRIBE): (receipt, pipeline) -> how many records carry it.
+        self._owed: dict[tuple[str, int], int] = {}
         # Pipelines that restarted after this connection sent to them: what they took
         # from their rings before dying may not have been handled, so a DISCONNECT receipt
         # cannot promise it was (see `pipeline_restarted`).
@@ -320,6 +320,21 @@ class GatewaySession:
         except Refusal as exc:
             # The ERROR answers the frame's receipt, so a client waiting on it wakes up.
             self._fail(exc.message, exc.detail, frame.headers.get("receipt", ""))
+
+    def refuses_send(self, frame: Frame) -> bool:
+        """Whether `frame` is a SEND its user may not write: then its ERROR is said now.
+        The shell asks before flow control may hold the SEND, so that waiting (and the
+        refusal after it) never tells a user about a destination it may not write."""
+        destination = frame.headers.get("destination")
+        if frame.command != "SEND" or not destination or self.access.open:
+            return False
+        try:
+            self._permit("write", destination)
+        except AccessDenied as exc:
+            self.denial = exc.message
+            self._fail(exc.message, exc.detail, frame.headers.get("receipt", ""))
+            return True
+        return False
 
     def frame_error(self, error: ProtocolError) -> None:
         """The client's bytes are not a valid frame (the parser said why)."""
@@ -791,9 +806,9 @@ class GatewaySession:
         out.append(tail)
         return True
 
-    def receipt(self, receipt: str) -> None:
-        """A pipeline answered a frame's receipt."""
-        self._paid(receipt)
+    def receipt(self, receipt: str, pipeline: int) -> None:
+        """`pipeline` answered a frame's receipt."""
+        self._paid(receipt, pipeline)
         self._write_receipt(receipt)
 
     def _write_receipt(self, receipt: str) -> None:
@@ -802,10 +817,10 @@ class GatewaySession:
                 encode_frame(Frame("RECEIPT", {"receipt-id": receipt}), self._version)
             )
 
-    def refused(self, record: Refuse) -> None:
-        """A pipeline refused a frame: an ERROR answering its receipt."""
+    def refused(self, record: Refuse, pipeline: int) -> None:
+        """`pipeline` refused a frame: an ERROR answering its receipt."""
         if record.receipt:
-            self._paid(record.receipt)
+            self._paid(record.receipt, pipeline)
         self._fail(record.message, record.detail, record.receipt)
 
     def barrier_done(self, token: int, pipeline: int) -> None:
@@ -833,7 +848,7 @@ class GatewaySession:
         if self._state not in WRITING:
             return ""
         if replaced:
-            owed = [r for r, (p, _) in self._owed.items() if p == pipeline]
+            owed = [r for r, p in self._owed if p == pipeline]
             owed += [w.receipt for w in self._pending_receipts.values() if pipeline in w.waiting]
             if owed:
                 message = (
@@ -854,6 +869,8 @@ class GatewaySession:
                     sub.prefetch,
                     durable=sub.durable,
                     selector=sub.selector,
+                    # Its owner is asked again: the new incarnation checks it anew.
+                    user=self.user if sub.durable else "",
                 )
                 self._records.append((pipeline, record))
         return ""
@@ -886,19 +903,19 @@ class GatewaySession:
         self._touched.add(pipeline)
         self._records.append((pipeline, record))
         if receipt:
-            _, count = self._owed.get(receipt, (pipeline, 0))
-            self._owed[receipt] = (pipeline, count + 1)
+            key = (receipt, pipeline)
+            self._owed[key] = self._owed.get(key, 0) + 1
 
-    def _paid(self, receipt: str) -> None:
-        """A pipeline answered a receipt it owed (with a RECEIPT or an ERROR)."""
-        owed = self._owed.get(receipt)
-        if owed is None:
+    def _paid(self, receipt: str, pipeline: int) -> None:
+        """`pipeline` answered a receipt it owed (with a RECEIPT or an ERROR)."""
+        key = (receipt, pipeline)
+        count = self._owed.get(key)
+        if count is None:
             return
-        pipeline, count = owed
         if count > 1:
-            self._owed[receipt] = (pipeline, count - 1)
+            self._owed[key] = count - 1
         else:
-            del self._owed[receipt]
+            del self._owed[key]
 
     def _receipt_after(self, pipelines: set[int], receipt: str, *, then_close: bool) -> None:
         pending = _PendingReceipt(receipt, set(pipelines), then_close)

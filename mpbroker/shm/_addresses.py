@@ -10,7 +10,7 @@ accepts a connection adds up that address's column over the rows::
 An address is counted in the bucket its hash picks. Two addresses that share a bucket are
 counted together, so the limit may refuse a little early when thousands of addresses
 connect at once, never late. A single writer per row needs no lock (a lock whose holder is
-killed stays taken); a restarted gateway clears its row, since its connections are gone.
+killed stays taken); the supervisor clears a gateway's row before (re)starting it.
 """
 
 from __future__ import annotations

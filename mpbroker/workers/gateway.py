@@ -180,7 +180,7 @@ class Gateway:
     def __init__(self, spec: WorkerSpec) -> None:
         self.spec = spec
         self.config = spec.config
-        # The supervisor read the users file just before: it is readable.
+        # The supervisor read the users file at start (UsersFileError if it is broken since).
         self.authenticator = self._load_authenticator(spec.config)
         self.access = _access_control(spec.config)
         self._auth_limiter = trio.CapacityLimiter(CHECKS_AT_ONCE)
@@ -190,11 +190,9 @@ class Gateway:
         self.base = WorkerBase(spec, layout.gateway_bell(spec.index))
         self.control = self.base.control
         self.slot = self.base.slot
+        # (The supervisor cleared this gateway's row and slot counters before starting it:
+        # a predecessor's connections died with it.)
         self.addresses = AddressCounts.attach(layout.addresses)
-        # A predecessor's connections died with it; its slot's counters start again too.
-        self.addresses.clear(spec.index)
-        self.slot.add_counter(GATEWAY_CONNECTIONS, -self.slot.counter(GATEWAY_CONNECTIONS))
-        self.slot.add_counter(GATEWAY_CONNECTING, -self.slot.counter(GATEWAY_CONNECTING))
         pipelines = layout.topology.pipelines
         self.pipeline_bells = [
             Doorbell.attach(layout.pipeline_bell(p), missing_ok=True) for p in range(pipelines)
@@ -268,13 +266,14 @@ class Gateway:
             restarted: list[_Connection] = []
             pending_routes: list[tuple[int, Record]] = []
             got = False
-            for reader in self.readers:
+            for source, reader in enumerate(self.readers):
                 batch = reader.read_batch(batch_records)
                 if not batch:
                     continue
                 got = True
                 for kind, payload in batch:
-                    self._apply(decode(kind, payload), touched, restarted, pending_routes)
+                    record = decode(kind, payload)
+                    self._apply(record, source, touched, restarted, pending_routes)
             for conn in touched:
                 conn.notify()
             for conn in restarted:
@@ -311,6 +310,7 @@ class Gateway:
     def _apply(
         self,
         record: Record,
+        source: int,
         touched: set[_Connection],
         restarted: list[_Connection],
         pending_routes: list[tuple[int, Record]],
@@ -325,7 +325,7 @@ class Gateway:
             case records.Receipt(conn=conn_id, receipt=receipt):
                 conn = self.connections.get(conn_id)
                 if conn is not None:
-                    conn.session.receipt(receipt)
+                    conn.session.receipt(receipt, source)
                     touched.add(conn)
             case records.Refuse(conn=conn_id):
                 conn = self.connections.get(conn_id)
@@ -340,7 +340,7 @@ class Gateway:
                         conn.peer,
                         client_text(record.message),
                     )
-                    conn.session.refused(record)
+                    conn.session.refused(record, source)
                     touched.add(conn)
             case records.BarrierDone(conn=conn_id, token=token, pipeline=pipeline):
                 conn = self.connections.get(conn_id)
@@ -449,19 +449,21 @@ class Gateway:
         )
 
     def _refusal(self, address: str) -> str:
-        """Why a new connection from `address` is refused ("": it is not)."""
+        """Why a new connection from `address`, already counted, is refused ("": it is
+        not). Counted first and judged after: two gateways taking the last place at once
+        both see the other, so both refuse (early), never both take it (late)."""
         broker = self.config.broker
         if self.stopping:
             return "broker is shutting down"
-        if self._total(GATEWAY_CONNECTIONS) >= broker.max_connections:
+        if self._total(GATEWAY_CONNECTIONS) > broker.max_connections:
             return f"max_connections {broker.max_connections} reached"
         # Connections that have not said who they are yet have their own, smaller limit, so
         # that idle sockets cannot take every connection from clients that have.
         connecting = min(broker.max_connections_connecting, broker.max_connections)
-        if self._total(GATEWAY_CONNECTING) >= connecting:
+        if self._total(GATEWAY_CONNECTING) > connecting:
             return f"max_connections_connecting {connecting} reached"
         per_address = broker.max_connections_per_address
-        if per_address and self.addresses.total(address) >= per_address:
+        if per_address and self.addresses.total(address) > per_address:
             return f"max_connections_per_address {per_address} reached"
         return ""
 
@@ -470,17 +472,16 @@ class Gateway:
         past them; a TLS connection's handshake first, then `serve_connection`."""
         peer = _peer_name(stream)
         address = peer_address(peer)
-        reason = self._refusal(address)
-        if reason:
-            await self._refuse(stream, peer, reason)
-            return
         self.slot.add_counter(GATEWAY_CONNECTIONS, 1)
         self.slot.add_counter(GATEWAY_CONNECTING, 1)
         self.addresses.add(self.index, address, 1)
         conn: _Connection | None = None
         try:
+            reason = self._refusal(address)
+            if reason:
+                await self._refuse(stream, peer, reason)
             # (A failed handshake closes its stream.)
-            if tls is None or (
+            elif tls is None or (
                 isinstance(stream, trio.SSLStream) and await tls.complete(stream, peer)
             ):
                 conn = self._open(stream, peer)
@@ -549,9 +550,12 @@ class Gateway:
             peer,
             reason,
         )
+        if isinstance(stream, trio.SSLStream):
+            # No handshake to say why: refusing must cost less than serving, or a flood
+            # of TLS connections past the limits would cost a handshake each.
+            await trio.aclose_forcefully(stream.transport_stream)
+            return
         frame = Frame("ERROR", {"message": f"connection refused: {reason}"})
-        # Within a second: a TLS client is told too (its handshake first), unless it is
-        # too slow for that.
         with trio.move_on_after(1), contextlib.suppress(trio.BrokenResourceError):
             await stream.send_all(encode_frame(frame))
         await trio.aclose_forcefully(stream)
@@ -630,6 +634,9 @@ class Gateway:
                 if not session.accepts_frames():
                     break
                 if flow_controlled(session.state, frame):
+                    if session.refuses_send(frame):
+                        self._log_denial(conn)
+                        break
                     admitted = await self._admit(conn, frame)
                     if admitted is _REFUSED or not session.accepts_frames():
                         break
@@ -646,16 +653,7 @@ class Gateway:
                 if conn.connecting:
                     self._connected(conn)
                 if session.denial:
-                    log_collapsed(
-                        log,
-                        logging.WARNING,
-                        "access denied",
-                        conn.peer,
-                        "%s, from %s",
-                        client_text(session.denial),
-                        conn.peer,
-                    )
-                    session.denial = ""
+                    self._log_denial(conn)
                 parser.version = session.version  # CONNECT may have changed it
             # A SEND may have discarded other connections' transactions: they say so now.
             self.check_transactions(now)
@@ -674,12 +672,26 @@ class Gateway:
                 frame_deadline += trio.current_time() - read_at
         conn.notify()  # the writer writes what is owed and ends the connection
 
+    def _log_denial(self, conn: _Connection) -> None:
+        """The session refused a frame for its user's permissions: a line per address in
+        10 s (then a count)."""
+        log_collapsed(
+            log,
+            logging.WARNING,
+            "access denied",
+            conn.peer,
+            "%s, from %s",
+            client_text(conn.session.denial),
+            conn.peer,
+        )
+        conn.session.denial = ""
+
     async def _authenticate(self, conn: _Connection, frame: Frame) -> bool:
         """Who the CONNECT says it is, checked (a scrypt check, in a thread: it takes tens
         of ms); a refusal is an ERROR, the same for every reason, and a log line."""
         auth = self.authenticator
         login, passcode = frame.headers.get("login"), frame.headers.get("passcode")
-        if auth.costly(login):
+        if auth.costly(login, passcode):
             user = await trio.to_thread.run_sync(
                 auth.check, login, passcode, limiter=self._auth_limiter
             )
@@ -848,7 +860,13 @@ async def _main(spec: WorkerSpec, stop: StopOnSignal) -> None:
         except ConfigError as exc:
             log.error("%s cannot listen for STOMP over TLS: %s", spec.title, exc)
             raise SystemExit(1) from None
-    gateway = Gateway(spec)
+    try:
+        gateway = Gateway(spec)
+    except UsersFileError as exc:
+        # Broken or gone since the start (a restarted gateway reads it again): one line,
+        # and the supervisor's back-off, not a traceback per try.
+        log.error("%s cannot check logins: %s", spec.title, exc)
+        raise SystemExit(1) from None
     try:
         listener = trio.SocketListener(await _listen_socket(host, spec.port))
         tls_listener = None

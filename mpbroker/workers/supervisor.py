@@ -17,7 +17,7 @@ import select
 import signal
 import socket
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
@@ -27,7 +27,7 @@ from mpbroker.admin.server import AdminServer, WorkerRef, allowed_names, status_
 from mpbroker.config import Config, ConfigError, parse_levels, reload_flow_settings
 from mpbroker.memory import MemWatch, broker_memory_bytes, check, require_fits
 from mpbroker.routing import Topology
-from mpbroker.security import UsersFileError, load_users, server_context
+from mpbroker.security import User, UsersFileError, load_users, server_context, unknown_names
 from mpbroker.shm import (
     STATE_EMPTY,
     STATE_READY,
@@ -227,6 +227,9 @@ class Supervisor:
         slot.state = STATE_EMPTY
         for i in range(_SLOT_COUNTERS):
             slot.set_counter(i, 0)
+        if worker.role == "gateway" and self.addresses is not None:
+            # So are its connections per address, which only it could count down.
+            self.addresses.clear(worker.index)
         spec = self._spec(worker)
         worker.spec_title = spec.title
         worker.process = self.launcher.launch(spec, name=f"mpbroker-{spec.title}")
@@ -528,6 +531,7 @@ class Supervisor:
             except UsersFileError as exc:
                 log.error("SIGHUP: configuration not reloaded: %s", exc)
                 return
+            warn_unknown_names(effective, users)
         # The reloaded limits (the VolQueueStore's, the live buffer's) are memory budgets.
         problem = check(effective)
         if problem is not None:
@@ -637,6 +641,17 @@ class Supervisor:
         self._wakeup_w.close()
 
 
+def warn_unknown_names(config: Config, users: Mapping[str, User]) -> None:
+    """A [[security.acl]] name no user is (or group no user is in) grants nothing: said
+    once, at start and on SIGHUP, since a typo would otherwise deny in silence."""
+    unknown = unknown_names(config.acl, users)
+    if unknown:
+        log.warning(
+            "security.acl names what the users file does not have (it grants nothing): %s",
+            ", ".join(unknown),
+        )
+
+
 def _reserve(host: str, port: int, what: str) -> tuple[socket.socket, int]:
     """A socket bound to `port` (0: a free one) with SO_REUSEPORT, and the port; StartupError
     naming the address (and `what`) if it is taken."""
@@ -709,7 +724,7 @@ def serve(config: Config, reload_source: Callable[[], Config] | None = None) -> 
         record.check(topology)
     if config.security.users_file:
         try:
-            load_users(Path(config.security.users_file))
+            warn_unknown_names(config, load_users(Path(config.security.users_file)))
         except UsersFileError as exc:
             log.error("cannot start: %s", exc)
             return EXIT_REFUSED

@@ -9,6 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from mpbroker.admin import access as access_module
 from mpbroker.admin.access import (
     ADMIN_GROUP,
     AdminGuard,
@@ -168,3 +169,20 @@ def test_the_refusals_are_logged_under_kinds_of_their_own(guard: AdminGuard) -> 
         )
     ]
     assert len(set(kinds)) == 4 and all(kinds)
+
+
+def test_a_check_that_waits_too_long_for_its_turn_gets_503(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A thread per request: past a few seconds' queue, a flood of bad passwords is
+    answered at once instead of piling up threads; a remembered login never waits."""
+    guard = AdminGuard(users(root=("r00t", (ADMIN_GROUP,))))
+    assert guard.admit(authorization("root", "r00t")).status == 200  # remembered now
+    monkeypatch.setattr(access_module, "_CHECK_WAIT_S", 0.01)
+    assert guard._checks.acquire()  # another request's check is running
+    try:
+        busy = guard.admit(authorization("root", "guess"))
+        assert (busy.status, busy.error) == (503, "too many logins being checked: try again")
+        assert guard.admit(authorization("root", "r00t")).status == 200
+    finally:
+        guard._checks.release()

@@ -115,6 +115,14 @@ def test_a_restarted_gateway_forgets_its_dead_connections(
     victim = broker.workers()["gateway 0"]
     victim.kill()
     broker.wait_for_worker("gateway 0", not_pid=victim.pid)
+    deadline = time.monotonic() + 15
+    while True:  # until the new gateway listens
+        try:
+            clients.append(RawClient(broker.host, broker.port, source="127.0.0.8"))
+            break
+        except ConnectionRefusedError:
+            assert time.monotonic() < deadline, "the restarted gateway never listened"
+            time.sleep(0.05)
     for _ in range(4):
         client = RawClient(broker.host, broker.port, source="127.0.0.7")
         clients.append(client)

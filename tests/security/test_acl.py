@@ -3,13 +3,21 @@ queues, and the config entries it is built from."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from mpbroker.config import ACL_PERMISSIONS, AclEntry, ConfigError, config_from_mapping
+from mpbroker.config import (
+    ACL_PERMISSIONS,
+    AclEntry,
+    ConfigError,
+    config_from_mapping,
+    reload_flow_settings,
+)
 from mpbroker.errors import AccessDenied
-from mpbroker.security import AccessControl
+from mpbroker.security import AccessControl, User, unknown_names
 
 ORDERS = AclEntry(
     "/queue/orders.*",
@@ -159,3 +167,40 @@ def test_entries_without_a_users_file_are_refused() -> None:
     with pytest.raises(ConfigError, match=r"needs security\.users_file") as caught:
         config_from_mapping({"security": {"acl": [{"destination": "/queue/a", "read": ["*"]}]}})
     assert caught.value.key == "security.acl"
+
+
+def test_a_reload_cannot_bring_entries_to_a_broker_without_a_users_file() -> None:
+    """The users file setting is not reloaded, the entries are: together they would come
+    into force without checked logins."""
+    running = config_from_mapping({})
+    with_entries = config_from_mapping(
+        {"security": {**USERS, "acl": [{"destination": "/queue/a", "read": ["*"]}]}}
+    )
+    with pytest.raises(ConfigError, match=r"needs security\.users_file"):
+        reload_flow_settings(running, with_entries)
+
+
+@pytest.mark.parametrize(
+    ("settings", "key"),
+    [
+        ({"security": {"allow_anonymous": "false"}}, "security.allow_anonymous"),
+        ({"stomp": {"tls_cert_file": "/etc/cert.pem"}}, "stomp.tls_cert_file"),
+        ({"stomp": {"tls_require_client_cert": True}}, "stomp.tls_require_client_cert"),
+    ],
+)
+def test_settings_that_would_do_nothing_are_refused(settings: dict[str, Any], key: str) -> None:
+    with pytest.raises(ConfigError) as caught:
+        config_from_mapping(settings)
+    assert caught.value.key == key
+
+
+def test_names_no_user_has_are_listed_for_a_warning() -> None:
+    users = {
+        "alice": User("alice", "scrypt$x", ("producers",)),
+        "bob": User("bob", "scrypt$x", ()),
+    }
+    entries = [
+        AclEntry("/queue/a", write=("alice", "group:producers", "alcie"), read=("*",)),
+        AclEntry("/queue/b", read=("group:consumers", "bob", "anonymous")),
+    ]
+    assert unknown_names(entries, users) == ["alcie", "group:consumers"]

@@ -78,6 +78,8 @@ def test_the_users_file_round_trips_and_ignores_comments() -> None:
         ("alice:plain:", "line 2: not a scrypt"),
         ("alice:{hash}:pro ducers", "line 2: group 'pro ducers'"),
         ("bob:{hash}:", "line 2: user 'bob' is listed twice"),
+        # The user of connections without a login: a real one would share its groups.
+        ("anonymous:{hash}:admin", "line 2: user name 'anonymous' is reserved"),
     ],
 )
 def test_a_bad_line_is_named_with_its_number(line: str, why: str) -> None:
@@ -155,7 +157,12 @@ def test_rewriting_keeps_the_files_group_and_permissions_but_never_for_others(
 
 
 def test_only_a_login_checked_against_a_users_file_costs_a_hash() -> None:
-    with_users = Authenticator({}, allow_anonymous=False)
-    assert with_users.costly("alice")
-    assert not with_users.costly(None) and not with_users.costly("")
-    assert not Authenticator(None, allow_anonymous=True).costly("alice")
+    users = {"alice": User("alice", hash_password("s3cret", **FAST))}
+    with_users = Authenticator(users, allow_anonymous=False)
+    assert with_users.costly("alice", "s3cret")
+    assert not with_users.costly(None, None) and not with_users.costly("", "x")
+    assert not Authenticator(None, allow_anonymous=True).costly("alice", "x")
+    # Once checked, a reconnecting client waits for no hash; another passcode still does.
+    assert with_users.check("alice", "s3cret") == "alice"
+    assert not with_users.costly("alice", "s3cret")
+    assert with_users.costly("alice", "guess")

@@ -1116,9 +1116,9 @@ def test_a_receipt_already_answered_is_not_in_doubt() -> None:
     session.frame_received(frame("SEND", destination="/queue/a", receipt="r1"), NOW)
     session.frame_received(frame("SEND", destination="/queue/a", receipt="r2"), NOW)
     [(pipeline, _), _] = routes(session)
-    session.receipt("r1")
+    session.receipt("r1", pipeline)
     assert [f.headers["receipt-id"] for f in frames(session)] == ["r1"]
-    session.receipt("r2")
+    session.receipt("r2", pipeline)
     frames(session)
     assert session.pipeline_restarted(pipeline) == ""
     assert session.state is SessionState.CONNECTED
@@ -1129,9 +1129,20 @@ def test_one_receipt_id_on_two_frames_stays_owed_until_both_are_answered() -> No
     for _ in range(2):
         session.frame_received(frame("SEND", destination="/queue/a", receipt="r"), NOW)
     [(pipeline, _), _] = routes(session)
-    session.receipt("r")
+    session.receipt("r", pipeline)
     frames(session)
     assert session.pipeline_restarted(pipeline).startswith("receipt 'r' in doubt")
+
+
+def test_one_receipt_id_sent_to_two_pipelines_is_owed_by_each() -> None:
+    session = connected()
+    session.frame_received(frame("SEND", destination="/queue/a", receipt="r"), NOW)
+    session.frame_received(frame("SEND", destination="/topic/b", receipt="r"), NOW)
+    [(queue, _), (topic, _)] = routes(session)
+    assert queue != topic
+    session.receipt("r", topic)  # the topic's answer does not pay the queue's
+    frames(session)
+    assert session.pipeline_restarted(queue).startswith("receipt 'r' in doubt")
 
 
 def test_a_commit_receipt_waiting_on_a_restarted_pipeline_is_in_doubt() -> None:
@@ -1254,7 +1265,7 @@ def test_closing_tells_every_touched_pipeline_last_and_once() -> None:
 
 def test_a_refused_record_becomes_an_error_with_its_receipt() -> None:
     session = connected()
-    session.refused(Refuse(CONN, "ResourceAllocation: /queue/q full", "drain it", "r5"))
+    session.refused(Refuse(CONN, "ResourceAllocation: /queue/q full", "drain it", "r5"), 0)
     error = error_of(session)
     assert error.headers == {
         "message": "ResourceAllocation: /queue/q full",
@@ -1267,11 +1278,11 @@ def test_a_refused_record_becomes_an_error_with_its_receipt() -> None:
 
 def test_receipts_from_pipelines_become_receipt_frames_until_closing() -> None:
     session = connected()
-    session.receipt("r1")
+    session.receipt("r1", 0)
     assert frames(session)[0].headers == {"receipt-id": "r1"}
     session.broker_stopping()
     frames(session)
-    session.receipt("r2")
+    session.receipt("r2", 0)
     assert frames(session) == []
 
 
@@ -1551,6 +1562,17 @@ def test_a_send_the_user_may_not_write_is_refused_naming_user_and_destination() 
     assert routes(session) == []
 
 
+def test_the_shell_asks_before_flow_control_whether_a_send_may_be_written() -> None:
+    session = as_user("alice")
+    assert not session.refuses_send(frame("SEND", destination="/queue/orders.eu"))
+    assert not session.refuses_send(frame("ACK", id="1"))
+    assert frames(session) == []
+    assert session.refuses_send(frame("SEND", destination="/queue/payments", receipt="r"))
+    error = error_of(session)
+    assert error.headers["receipt-id"] == "r"
+    assert session.denial == "access denied: user alice may not write /queue/payments"
+
+
 def test_a_send_in_a_transaction_is_checked_when_it_is_sent() -> None:
     session = as_user("alice")
     session.frame_received(frame("BEGIN", transaction="tx"), NOW)
@@ -1568,6 +1590,20 @@ def test_subscribe_needs_read_and_a_durable_one_admin_too() -> None:
     alice = as_user("alice")
     alice.frame_received(frame("SUBSCRIBE", id="q", destination="/queue/orders.eu"), NOW)
     assert "user alice may not read /queue/orders.eu" in error_of(alice).headers["message"]
+
+
+def test_a_durable_subscription_registered_again_carries_its_user() -> None:
+    """A restarted pubsub worker checks the owner again: without the user it would refuse
+    the owner's own subscription."""
+    session = as_user("bob", "admin", client_id="app")
+    session.frame_received(
+        frame("SUBSCRIBE", id="d", destination="/topic/news", durable="true"), NOW
+    )
+    session.frame_received(frame("SUBSCRIBE", id="t", destination="/topic/news"), NOW)
+    routes(session)
+    session.pipeline_restarted(TOPOLOGY.owner("/topic/news"))
+    again = {r.sub_id: r.user for _, r in routes(session) if isinstance(r, Subscribe)}
+    assert again == {"d": "bob", "t": ""}
 
 
 def test_a_durable_subscription_carries_its_user() -> None:
