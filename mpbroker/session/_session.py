@@ -180,11 +180,14 @@ class SessionOutput:
 
 @dataclass(eq=False, slots=True)
 class _PendingReceipt:
-    """A receipt sent once every pipeline in `waiting` answered its Barrier."""
+    """A receipt sent once every pipeline in `waiting` answered its Barrier; or, with
+    `suspects`, the probe of a restarted pipeline: the receipts it still owes once it has
+    handled everything before the probe died with its predecessor (`pipeline_restarted`)."""
 
     receipt: str
     waiting: set[int]
     then_close: bool
+    suspects: frozenset[tuple[str, int]] | None = None
 
 
 class GatewaySession:
@@ -823,39 +826,65 @@ class GatewaySession:
             self._paid(record.receipt, pipeline)
         self._fail(record.message, record.detail, record.receipt)
 
-    def barrier_done(self, token: int, pipeline: int) -> None:
-        """A pipeline handled every frame before a receipt that waits for several."""
+    def barrier_done(self, token: int, pipeline: int) -> str:
+        """A pipeline handled every frame before a Barrier: a receipt that waits for
+        several, or a restarted pipeline's probe. Returns the ERROR's message when the probe
+        finds receipts in doubt ("" else), for the shell's log."""
         pending = self._pending_receipts.get(token)
         if pending is None:
-            return
+            return ""
         pending.waiting.discard(pipeline)
-        if not pending.waiting:
-            del self._pending_receipts[token]
+        if pending.waiting:
+            return ""
+        del self._pending_receipts[token]
+        if pending.suspects is None:
             self._receipt_done(pending)
+            return ""
+        # Everything the new incarnation found in its ring came before the probe and is
+        # answered: what is still owed was taken by the one that died.
+        lost = sorted(r for r, p in pending.suspects if (r, p) in self._owed)
+        if not lost or self._state not in WRITING:
+            return ""
+        message = f"receipt {lost[0]!r} in doubt: a broker worker restarted before answering it"
+        self._fail(message, _IN_DOUBT_DETAIL, lost[0])
+        return message
 
     def pipeline_restarted(self, pipeline: int, *, replaced: bool = True) -> str:
         """A pipeline (re)started: register again every subscription it owns.
 
         If it `replaced` a dead incarnation, what that one had taken from its ring and
-        not finished (persistent SENDs waiting for their group commit, say) is gone, and
-        nobody can tell which frames those were. So a receipt it still owed is in doubt:
-        the connection gets an ERROR answering it and closes, as ActiveMQ's and Artemis'
-        clients report a commit "in doubt" after a failover, never a RECEIPT for frames
-        that may have been lost. If it owed none, a later DISCONNECT receipt cannot promise
-        that every earlier frame was handled either (`_disconnect`). Returns the ERROR's
-        message ("" if none), for the shell's log.
+        not finished (persistent SENDs waiting for their group commit, say) is gone. The
+        frames still in the ring are the new incarnation's, so a receipt of a frame's own
+        (a SEND's, an ACK's) is judged by a probe: a Barrier after them, and what is still
+        owed when it is answered was lost (`barrier_done`). A COMMIT's or DISCONNECT's
+        receipt waiting on the pipeline cannot be judged so (the frames it covers may have
+        been taken by the dead one even when its Barrier was not): it is in doubt at once.
+        In doubt, the connection gets an ERROR answering the receipt and closes, as
+        ActiveMQ's and Artemis' clients report a commit "in doubt" after a failover, never a
+        RECEIPT for frames that may have been lost. A later DISCONNECT receipt cannot
+        promise that every earlier frame was handled either (`_disconnect`). Returns the
+        ERROR's message ("" if none), for the shell's log.
         """
         if self._state not in WRITING:
             return ""
         if replaced:
-            owed = [r for r, p in self._owed if p == pipeline]
-            owed += [w.receipt for w in self._pending_receipts.values() if pipeline in w.waiting]
-            if owed:
+            waiting = [
+                w.receipt
+                for w in self._pending_receipts.values()
+                if pipeline in w.waiting and w.suspects is None
+            ]
+            if waiting:
                 message = (
-                    f"receipt {owed[0]!r} in doubt: a broker worker restarted before answering it"
+                    f"receipt {waiting[0]!r} in doubt: a broker worker restarted before "
+                    "answering it"
                 )
-                self._fail(message, _IN_DOUBT_DETAIL, owed[0])
+                self._fail(message, _IN_DOUBT_DETAIL, waiting[0])
                 return message
+            suspects = frozenset(key for key in self._owed if key[1] == pipeline)
+            if suspects:
+                token = next(self._tokens)
+                self._pending_receipts[token] = _PendingReceipt("", {pipeline}, False, suspects)
+                self._records.append((pipeline, Barrier(self.conn, token)))
             if pipeline in self._touched:
                 self._in_doubt.add(pipeline)
         for sub in self._subs.values():

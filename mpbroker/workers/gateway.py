@@ -345,7 +345,9 @@ class Gateway:
             case records.BarrierDone(conn=conn_id, token=token, pipeline=pipeline):
                 conn = self.connections.get(conn_id)
                 if conn is not None:
-                    conn.session.barrier_done(token, pipeline)
+                    doubt = conn.session.barrier_done(token, pipeline)
+                    if doubt:
+                        log.warning("connection from %s: %s", conn.peer, doubt)
                     touched.add(conn)
             case records.PipelineHello(pipeline=pipeline, incarnation=incarnation):
                 if incarnation > 0:

@@ -186,3 +186,26 @@ def test_sighup_reads_the_entries_again(tmp_path: Path) -> None:
         alice.send("SEND", {"destination": "/queue/payments", "receipt": "ok"})
         assert alice.recv().command == "RECEIPT"
         alice.close()
+
+
+def test_an_owner_stays_subscribed_when_the_pubsub_worker_restarts(
+    authorized: BrokerProcess,
+) -> None:
+    """The gateway registers the subscription again with the restarted worker, which checks
+    the owner anew: with the user it is the owner's."""
+    durable = {"destination": "/topic/news", "id": "d", "activemq.subscriptionName": "kept"}
+    erin = client(authorized, "erin", **{"client-id": "restart"})
+    try:
+        erin.send("SUBSCRIBE", {**durable, "receipt": "s"})
+        assert erin.recv().command == "RECEIPT"
+        victim = authorized.workers()["pubsub 0"]
+        victim.kill()
+        authorized.wait_for_worker("pubsub 0", not_pid=victim.pid)
+        alice = client(authorized, "alice")
+        alice.send("SEND", {"destination": "/topic/news", "persistent": "true", "receipt": "p"})
+        assert alice.recv(timeout=15).command == "RECEIPT"
+        alice.close()
+        message = erin.recv(timeout=15)
+        assert message.command == "MESSAGE", message
+    finally:
+        erin.close()

@@ -1097,18 +1097,42 @@ def test_disconnect_receipt_waits_for_every_touched_pipeline() -> None:
 # -- a pipeline that restarts owes what it took with it -----------------------------------
 
 
+def restart_probe(session: GatewaySession, pipeline: int) -> Barrier:
+    """`pipeline` restarts: the probe the session sends it (the only record)."""
+    assert session.pipeline_restarted(pipeline) == ""
+    [(to, probe)] = routes(session)
+    assert to == pipeline and isinstance(probe, Barrier)
+    return probe
+
+
 def test_a_receipt_a_dead_pipeline_owed_is_answered_by_an_error_in_doubt() -> None:
+    """What the new incarnation found in its ring is answered before the probe is: what is
+    still owed then was taken by the dead one."""
     session = connected()
     session.frame_received(frame("SEND", b"1", destination="/queue/a", receipt="r1"), NOW)
     [(pipeline, send)] = routes(session)
     assert isinstance(send, Send) and send.receipt == "r1"
-    assert session.pipeline_restarted(pipeline) == (
+    probe = restart_probe(session, pipeline)
+    assert session.state is SessionState.CONNECTED
+    assert session.barrier_done(probe.token, pipeline) == (
         "receipt 'r1' in doubt: a broker worker restarted before answering it"
     )
     error = error_of(session)
     assert error.headers["receipt-id"] == "r1"
     assert "may or may not have been handled" in error.body.decode()
-    assert routes(session) == []  # nothing registered again for a connection that ends
+
+
+def test_a_receipt_answered_before_the_probe_was_the_new_incarnations() -> None:
+    """A frame sent after the worker died waits in its ring for the successor: answered
+    before the probe, it was handled, not lost."""
+    session = connected()
+    session.frame_received(frame("SEND", destination="/queue/a", receipt="r1"), NOW)
+    [(pipeline, _)] = routes(session)
+    probe = restart_probe(session, pipeline)
+    session.receipt("r1", pipeline)
+    assert session.barrier_done(probe.token, pipeline) == ""
+    assert [f.headers["receipt-id"] for f in frames(session)] == ["r1"]
+    assert session.state is SessionState.CONNECTED
 
 
 def test_a_receipt_already_answered_is_not_in_doubt() -> None:
@@ -1131,7 +1155,8 @@ def test_one_receipt_id_on_two_frames_stays_owed_until_both_are_answered() -> No
     [(pipeline, _), _] = routes(session)
     session.receipt("r", pipeline)
     frames(session)
-    assert session.pipeline_restarted(pipeline).startswith("receipt 'r' in doubt")
+    probe = restart_probe(session, pipeline)
+    assert session.barrier_done(probe.token, pipeline).startswith("receipt 'r' in doubt")
 
 
 def test_one_receipt_id_sent_to_two_pipelines_is_owed_by_each() -> None:
@@ -1142,7 +1167,8 @@ def test_one_receipt_id_sent_to_two_pipelines_is_owed_by_each() -> None:
     assert queue != topic
     session.receipt("r", topic)  # the topic's answer does not pay the queue's
     frames(session)
-    assert session.pipeline_restarted(queue).startswith("receipt 'r' in doubt")
+    probe = restart_probe(session, queue)
+    assert session.barrier_done(probe.token, queue).startswith("receipt 'r' in doubt")
 
 
 def test_a_commit_receipt_waiting_on_a_restarted_pipeline_is_in_doubt() -> None:
@@ -1177,7 +1203,11 @@ def test_a_restart_of_another_pipeline_changes_nothing() -> None:
     other = next(p for p in range(5) if p != TOPOLOGY.owner("/queue/a"))
     assert session.pipeline_restarted(other) == ""
     assert routes(session) == []
-    session.pipeline_restarted(TOPOLOGY.owner("/queue/a"))
+    assert session.state is SessionState.CONNECTED
+    own = TOPOLOGY.owner("/queue/a")
+    session.pipeline_restarted(own)
+    [probe] = [r for _, r in routes(session) if isinstance(r, Barrier)]
+    session.barrier_done(probe.token, own)
     assert error_of(session).headers["receipt-id"] == "r"
     assert not session.deliver(sub.sub, make_message())
 
