@@ -297,6 +297,17 @@ class AdminServer:
                     log.exception("admin page %s failed", client_text(self.path))
                     self._reply(500, {"error": str(exc)})
 
+            def _read_only(self) -> None:
+                # Anything but GET: a JSON answer like every other (BaseHTTPRequestHandler's
+                # own is an HTML 501).
+                self._reply(
+                    405,
+                    {"error": f"{self.command} not allowed: the admin API is read-only (GET)"},
+                    {"Allow": "GET"},
+                )
+
+            do_POST = do_PUT = do_DELETE = do_PATCH = _read_only
+
             def _peer(self) -> str:
                 # host:port, as a gateway names a peer: log_collapsed takes the address
                 # from it (a bare "::1" would lose its last group as a "port").

@@ -330,7 +330,7 @@ def check_security(config: Config) -> None:
         # Without a users file a login is whatever the client says: anyone could be anyone.
         raise ConfigError(
             "security.acl",
-            f"{len(config.acl)} entries",
+            f"{len(config.acl)} {'entry' if len(config.acl) == 1 else 'entries'}",
             "needs security.users_file (logins are "
             "not checked without one, so an entry would protect nothing)",
         )

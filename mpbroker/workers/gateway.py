@@ -301,7 +301,7 @@ class Gateway:
                 self.access = _access_control(reloaded)
                 for conn in self.connections.values():
                     conn.session.access = self.access
-                log.info("flow settings reloaded")
+                log.info("flow settings reloaded (users and [[security.acl]] entries too)")
             if got:
                 await trio.lowlevel.checkpoint()
             else:
@@ -540,6 +540,12 @@ class Gateway:
             session.closed()
             # Its pipelines hear of the end last (ConnClosed), whatever ended it.
             self.flush(conn)
+            if isinstance(stream, trio.SSLStream):
+                # TLS says goodbye (close_notify), or clients that wait for it (stomp.py's
+                # unwrap) report a reset after every DISCONNECT; briefly, for a client
+                # that has gone.
+                with trio.move_on_after(1), contextlib.suppress(trio.BrokenResourceError):
+                    await stream.aclose()
             await trio.aclose_forcefully(stream)
 
     async def _refuse(self, stream: _ClientStream, peer: str, reason: str) -> None:

@@ -434,3 +434,20 @@ def test_with_users_only_a_user_in_group_admin_reads_the_pages(
     assert not any("mallory" in line for line in lines)
     # ... and no password is ever logged.
     assert not any(word in line for line in lines for word in ("r00t", "guess", "s3cret", "n3w"))
+
+
+def test_anything_but_get_is_refused_in_json() -> None:
+    server = AdminServer("127.0.0.1", 0, lambda: status(p2p(2)))
+    server.start()
+    try:
+        host, port = server.address
+        request = urllib.request.Request(f"http://{host}:{port}/status", method="POST", data=b"")
+        with pytest.raises(urllib.error.HTTPError) as caught:
+            urllib.request.urlopen(request, timeout=10)
+        assert caught.value.code == 405
+        assert caught.value.headers["Allow"] == "GET"
+        assert json.load(caught.value) == {
+            "error": "POST not allowed: the admin API is read-only (GET)"
+        }
+    finally:
+        server.close()
