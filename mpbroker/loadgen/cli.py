@@ -20,6 +20,7 @@ from dataclasses import dataclass, field, replace
 
 from mpbroker.harness import BrokerProcess, ServerError, ServerProcess
 
+from .cpu import listening_server_pid
 from .filterbench import add_filter_arguments, run_filters
 from .report import RunResult, format_json, format_table
 from .runner import run_scenario
@@ -40,6 +41,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=int,
         help="port of a running server; without it the bench starts a broker on a free port"
         " (with a temporary data directory) and stops it afterwards",
+    )
+    server.add_argument(
+        "--server-pid",
+        type=int,
+        metavar="PID",
+        help="with --port: the server process whose CPU (with its children's) is reported per"
+        " message (default: the process listening on --port, or for mpbroker its supervisor,"
+        " when this user may see it)",
     )
     server.add_argument(
         "--gateways", type=int, metavar="N", help="gateway processes of the broker it starts"
@@ -192,6 +201,8 @@ def scenario_from_args(args: argparse.Namespace) -> Scenario:
         raise ValueError(f"--timeout must be positive, got {args.timeout}")
     if args.gateways is not None and args.port is not None:
         raise ValueError("--gateways applies to a broker the bench starts, not with --port")
+    if args.server_pid is not None and args.port is None:
+        raise ValueError("--server-pid applies with --port (a broker the bench starts is known)")
     # A consumer that waits for more messages than its window holds before acknowledging
     # would stall until its idle flush; half the window keeps deliveries flowing.
     if args.ack_every is None:
@@ -232,12 +243,14 @@ class _Target:
     port: int
     process: ServerProcess | None = None
     runs: list[RunResult] = field(default_factory=list)
+    # Whose CPU the report counts: the process the bench started, or the one of --port.
+    pid: int | None = None
 
 
 def _start(process: ServerProcess) -> _Target:
     process.start()
     _say(f"{process.name} (pid {process.pid}) ready on {process.host}:{process.port}")
-    return _Target(process.name, process.host, process.port, process)
+    return _Target(process.name, process.host, process.port, process, pid=process.pid)
 
 
 def _stop(target: _Target) -> str:
@@ -274,14 +287,16 @@ def run_from_args(args: argparse.Namespace) -> int:
         if args.port is None:
             targets.append(_start(BrokerProcess(gateways=args.gateways, admin=False)))
         else:
-            targets.append(_Target(f"{args.host}:{args.port}", args.host, args.port))
+            pid = args.server_pid or listening_server_pid(args.port)
+            if pid is None:
+                _say(f"no process found listening on port {args.port}: server CPU unknown")
+            targets.append(_Target(f"{args.host}:{args.port}", args.host, args.port, pid=pid))
         for repetition in range(args.repeat):
             for target in targets:
                 of = f" ({repetition + 1}/{args.repeat})" if args.repeat > 1 else ""
                 _say(f"running {scenario.label} against {target.name}{of}")
-                pid = target.process.pid if target.process is not None else None
                 result = run_scenario(
-                    scenario, target.host, target.port, server=target.name, server_pid=pid
+                    scenario, target.host, target.port, server=target.name, server_pid=target.pid
                 )
                 target.runs.append(result)
     except ServerError as exc:

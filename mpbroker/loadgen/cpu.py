@@ -9,7 +9,12 @@ from __future__ import annotations
 
 import os
 
-__all__ = ["tree_cpu_seconds"]
+import psutil
+
+__all__ = ["listening_server_pid", "tree_cpu_seconds"]
+
+# What mpbroker's processes call themselves (setproctitle): the supervisor is the root.
+_OUR_TITLE = "mpbroker: "
 
 _TICKS_PER_S = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
@@ -47,3 +52,38 @@ def tree_cpu_seconds(pid: int) -> float | None:
     for child in _children(pid):
         total += tree_cpu_seconds(child) or 0.0
     return total
+
+
+def listening_server_pid(port: int) -> int | None:
+    """The process to measure for a server listening on `port` of this host: the one that
+    listens there (ActiveMQ's java, RabbitMQ's beam), or for mpbroker, whose gateways
+    listen, their supervisor (the root of the processes that call themselves
+    "mpbroker: ..."). None when no visible process listens there (another user's, without
+    the right to see it)."""
+    try:
+        connections = psutil.net_connections(kind="inet")
+    except psutil.AccessDenied:
+        return None
+    pids = {
+        c.pid
+        for c in connections
+        if c.pid and c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == port
+    }
+    if not pids:
+        return None
+    try:
+        process = psutil.Process(min(pids))
+        while _is_ours(process) and (parent := process.parent()) is not None:
+            if not _is_ours(parent):
+                break
+            process = parent
+    except psutil.Error:
+        return None
+    return process.pid
+
+
+def _is_ours(process: psutil.Process) -> bool:
+    try:
+        return " ".join(process.cmdline()).startswith(_OUR_TITLE)
+    except psutil.Error:
+        return False

@@ -29,6 +29,7 @@ from typing import Any
 
 from mpbroker.harness import BrokerProcess, ServerError
 
+from .cpu import listening_server_pid
 from .filterproc import FilterPoint
 from .filterrun import FilterRunResult, run_point
 from .filters import KINDS, NO_FILTER, FilterPlan, parse_int_list, parse_kinds
@@ -650,10 +651,15 @@ def run_filters(args: argparse.Namespace) -> int:
     """``mpbroker bench --filters`` / ``--filter-targets``: returns the exit status."""
     try:
         options = filter_options_from_args(args)
+        if args.server_pid is not None and args.port is None:
+            raise ValueError(
+                "--server-pid applies with --port (a broker the bench starts is known)"
+            )
     except ValueError as exc:
         _say(str(exc))
         return 2
     broker: BrokerProcess | None = None
+    pid: int | None
     failure = ""
     result = Study([], [])
     try:
@@ -663,7 +669,8 @@ def run_filters(args: argparse.Namespace) -> int:
             _say(f"mpbroker (pid {broker.pid}) ready on {broker.host}:{broker.port}")
             host, port, pid, name = broker.host, broker.port, broker.pid, "mpbroker"
         else:
-            host, port, pid, name = args.host, args.port, None, f"{args.host}:{args.port}"
+            pid = args.server_pid or listening_server_pid(args.port)
+            host, port, name = args.host, args.port, f"{args.host}:{args.port}"
 
         def run(point: FilterPoint) -> FilterRunResult:
             return run_point(point, host, port, server=name, server_pid=pid)

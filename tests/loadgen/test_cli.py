@@ -44,6 +44,7 @@ def test_ack_every_defaults_to_at_most_half_the_window() -> None:
         (["--destination", "bench"], "/queue/NAME or /topic/NAME"),
         (["--ack-every", "2000"], "--ack-every must be between"),
         (["--port", "61613", "--gateways", "2"], "--gateways applies"),
+        (["--server-pid", "1"], "--server-pid applies with --port"),
         (["--timeout", "0"], "--timeout must be positive"),
     ],
 )

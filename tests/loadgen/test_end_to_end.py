@@ -7,13 +7,15 @@ assertion looks at speed.
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 from typing import Any
 
 import pytest
 
-from mpbroker.harness import ServerProcess
+from mpbroker.harness import BrokerProcess, ServerProcess
+from mpbroker.loadgen.cpu import listening_server_pid
 from mpbroker.shm import SHM_DIR
 from tests.commands import gone, run_module, run_module_json
 
@@ -101,3 +103,19 @@ def test_a_silent_server_aborts_instead_of_hanging() -> None:
     assert code == 1, err
     assert "aborted" in out
     assert "CONNECTED" in out  # what it was waiting for
+
+
+def test_against_a_running_broker_its_cpu_is_found_by_its_port(
+    start_broker: type[BrokerProcess],
+) -> None:
+    """The bench finds the process listening on --port; for mpbroker, whose gateways
+    listen, their supervisor, so the CPU per message counts every process of the broker."""
+    broker = start_broker("--gateways", "2")
+    assert listening_server_pid(broker.port) == broker.pid
+    code, out, err = _bench("--port", str(broker.port), "--count", "2000", "--json")
+    assert code == 0, err
+    (run,) = json.loads(out)["runs"]
+    assert run["server_pid"] == broker.pid
+    assert run["server_cpu_s"] > 0
+    with socket.create_server(("127.0.0.1", 0)) as listener:  # anyone's listener: itself
+        assert listening_server_pid(listener.getsockname()[1]) == os.getpid()
