@@ -87,3 +87,18 @@ class AccessDenied(Refusal):
         self.permission = permission
         self.destination = destination
         super().__init__(f"access denied: user {user} may not {permission} {destination}", detail)
+
+
+class ReceiptInDoubt(Refusal):
+    """A receipt nobody can honestly give: the pipeline worker that owed it restarted
+    `when` ("before answering it", or "after this connection sent to it"), and the frames
+    it covers may or may not have been handled."""
+
+    def __init__(self, receipt: str, when: str = "before answering it") -> None:
+        self.receipt = receipt
+        super().__init__(
+            f"receipt {receipt!r} in doubt: a broker worker restarted {when}",
+            "The frames it covers (a SEND, an ACK, a COMMIT's messages, or for a DISCONNECT "
+            "everything before it) may or may not have been handled. Send again what must "
+            "arrive; a message sent again may then arrive twice.",
+        )

@@ -31,7 +31,7 @@ from typing import ClassVar
 
 from mpbroker.compression import CorruptBody, compress, decompress
 from mpbroker.config import Config
-from mpbroker.errors import AccessDenied, LimitReached, MessageTooLarge, Refusal
+from mpbroker.errors import AccessDenied, LimitReached, MessageTooLarge, ReceiptInDoubt, Refusal
 from mpbroker.records import (
     ACK_AUTO,
     ACK_MODES,
@@ -97,11 +97,6 @@ _ARTICLE = {"id": "an"}
 # Access answers a connection remembers (a client sending to ever new destinations
 # starts again from nothing past this many).
 _PERMITS_REMEMBERED = 1024
-_IN_DOUBT_DETAIL = (
-    "The frames it covers (a SEND, an ACK, a COMMIT's messages, or for a DISCONNECT "
-    "everything before it) may or may not have been handled. Send again what must arrive; "
-    "a message sent again may then arrive twice."
-)
 
 
 class SessionError(Refusal):
@@ -318,8 +313,7 @@ class GatewaySession:
         try:
             self._dispatch(frame, now_ms)
         except AccessDenied as exc:
-            self.denial = exc.message
-            self._fail(exc.message, exc.detail, frame.headers.get("receipt", ""))
+            self._deny(frame, exc)
         except Refusal as exc:
             # The ERROR answers the frame's receipt, so a client waiting on it wakes up.
             self._fail(exc.message, exc.detail, frame.headers.get("receipt", ""))
@@ -334,10 +328,14 @@ class GatewaySession:
         try:
             self._permit("write", destination)
         except AccessDenied as exc:
-            self.denial = exc.message
-            self._fail(exc.message, exc.detail, frame.headers.get("receipt", ""))
+            self._deny(frame, exc)
             return True
         return False
+
+    def _deny(self, frame: Frame, refusal: AccessDenied) -> None:
+        """The ERROR of a frame its user may not send, kept in `denial` for the shell's log."""
+        self.denial = refusal.message
+        self._fail(refusal.message, refusal.detail, frame.headers.get("receipt", ""))
 
     def frame_error(self, error: ProtocolError) -> None:
         """The client's bytes are not a valid frame (the parser said why)."""
@@ -725,12 +723,7 @@ class GatewaySession:
         self._abort_all()
         if receipt and self._in_doubt:
             # A pipeline this connection sent to restarted since: it cannot be promised.
-            self._fail(
-                f"receipt {receipt!r} in doubt: a broker worker restarted after this "
-                "connection sent to it",
-                _IN_DOUBT_DETAIL,
-                receipt,
-            )
+            self._in_doubt_error(receipt, "after this connection sent to it")
         elif receipt:
             # The receipt promises every earlier frame was handled: ask each pipeline
             # this connection talked to, and close once all have answered.
@@ -845,9 +838,7 @@ class GatewaySession:
         lost = sorted(r for r, p in pending.suspects if (r, p) in self._owed)
         if not lost or self._state not in WRITING:
             return ""
-        message = f"receipt {lost[0]!r} in doubt: a broker worker restarted before answering it"
-        self._fail(message, _IN_DOUBT_DETAIL, lost[0])
-        return message
+        return self._in_doubt_error(lost[0])
 
     def pipeline_restarted(self, pipeline: int, *, replaced: bool = True) -> str:
         """A pipeline (re)started: register again every subscription it owns.
@@ -874,12 +865,7 @@ class GatewaySession:
                 if pipeline in w.waiting and w.suspects is None
             ]
             if waiting:
-                message = (
-                    f"receipt {waiting[0]!r} in doubt: a broker worker restarted before "
-                    "answering it"
-                )
-                self._fail(message, _IN_DOUBT_DETAIL, waiting[0])
-                return message
+                return self._in_doubt_error(waiting[0])
             suspects = frozenset(key for key in self._owed if key[1] == pipeline)
             if suspects:
                 token = next(self._tokens)
@@ -925,6 +911,12 @@ class GatewaySession:
             headers["content-type"] = "text/plain"
         self._data.append(encode_frame(Frame("ERROR", headers, body), self._version))
         self._state = transition(self._state, Event.ERROR)
+
+    def _in_doubt_error(self, receipt: str, when: str = "before answering it") -> str:
+        """The ERROR answering a receipt in doubt (`ReceiptInDoubt`); returns its message."""
+        error = ReceiptInDoubt(receipt, when)
+        self._fail(error.message, error.detail, receipt)
+        return error.message
 
     def _route(self, pipeline: int, record: Record, receipt: str = "") -> None:
         """Send `record` to `pipeline`; `receipt` is the one it carries, which that

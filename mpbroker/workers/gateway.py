@@ -506,8 +506,9 @@ class Gateway:
         return _Connection(session, stream, peer)
 
     def _connected(self, conn: _Connection) -> None:
-        """The connection's CONNECT went through: it no longer counts as connecting."""
-        if conn.connecting and conn.session.state is not SessionState.AWAITING_CONNECT:
+        """The connection's CONNECT went through: it no longer counts as connecting (the
+        caller asks only while it does)."""
+        if conn.session.state is not SessionState.AWAITING_CONNECT:
             conn.connecting = False
             self.slot.add_counter(GATEWAY_CONNECTING, -1)
 
