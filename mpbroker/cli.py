@@ -11,7 +11,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from mpbroker import __version__
+from mpbroker import __version__, native
 from mpbroker.config import (
     ACL_PERMISSIONS,
     LOG_FORMATS,
@@ -632,7 +632,9 @@ def build_parser() -> argparse.ArgumentParser:
         prog="mpbroker",
         description="A JMS-style STOMP 1.2 message broker that scales by processes.",
     )
-    parser.add_argument("--version", action="version", version=f"mpbroker {__version__}")
+    parser.add_argument(
+        "--version", action="version", version=f"mpbroker {__version__}, {native.describe()}"
+    )
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
     commands.required = True
 

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import tomllib
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from mpbroker import __version__
+from mpbroker import __version__, native
 from mpbroker.cli import build_parser, main
 from mpbroker.config import Config, config_from_mapping, load_config, replace_settings
 
@@ -89,7 +90,18 @@ def test_version(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as info:
         main(["--version"])
     assert info.value.code == 0
-    assert capsys.readouterr().out.strip() == f"mpbroker {__version__}"
+    assert capsys.readouterr().out.strip() == f"mpbroker {__version__}, {native.describe()}"
+
+
+def test_the_version_says_whether_the_hot_modules_are_compiled() -> None:
+    compiled = native.compiled_modules()
+    if not compiled:
+        assert native.describe() == "pure Python (hot modules not compiled)"
+    elif len(compiled) == len(native.HOT_MODULES):
+        assert native.describe() == f"hot modules compiled with mypyc ({len(compiled)})"
+    # Every name is a module of the package, so a build compiles what the list says.
+    for name in native.HOT_MODULES:
+        assert importlib.util.find_spec(name) is not None, name
 
 
 @pytest.mark.parametrize("argv", [[], ["config"], ["nonsense"], ["config", "show", "--port", "x"]])

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
 
+from mpbroker import native
 from mpbroker.admin import MemoryLevel, MemoryStatus, StatusView
 from mpbroker.admin.server import AdminServer, WorkerRef, allowed_names, status_view
 from mpbroker.config import Config, ConfigError, parse_levels, reload_flow_settings
@@ -757,6 +758,7 @@ def serve(config: Config, reload_source: Callable[[], Config] | None = None) -> 
         supervisor.start_admin()
         if supervisor.tls_holder is not None:
             log.info("STOMP over TLS on %s:%d", broker.host, supervisor.tls_port)
+        log.info("running %s", native.describe())
         log.info("mpbroker ready on %s:%d", broker.host, supervisor.port)
         now = time.monotonic()
         supervisor.watch_memory(now)  # READY's status line shows the memory in use

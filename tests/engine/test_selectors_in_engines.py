@@ -7,12 +7,14 @@ from __future__ import annotations
 from typing import Any
 
 import msgspec
+import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from mpbroker.config import QueueSettings, TopicSettings
 from mpbroker.engine import ConsumerKey, IndexCache, Outbox, QueueEngine, TopicEngine
+from mpbroker.native import compiled_modules
 from mpbroker.records import (
     ACK_AUTO,
     ACK_CLIENT,
@@ -146,6 +148,10 @@ def test_consumers_with_overlapping_selectors_share_what_they_both_select() -> N
         assert abs(len(got[1]) - len(got[2])) <= 2, (first, second, got)
 
 
+@pytest.mark.skipif(
+    "mpbroker.engine._queue" in compiled_modules(),
+    reason="counts calls by replacing a method, which a compiled engine does not look up",
+)
 def test_a_nack_looks_only_at_the_lanes_that_get_messages_back() -> None:
     engine = queue_engine()
     for sub in range(50):

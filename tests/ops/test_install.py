@@ -12,11 +12,12 @@ import stat
 import subprocess
 import sys
 import time
+import zipfile
 from pathlib import Path
 
 import pytest
 
-from mpbroker.harness import STOP_TIMEOUT_S, ServerProcess
+from mpbroker.harness import STOP_TIMEOUT_S, RawClient, ServerProcess
 from mpbroker.shm import SHM_DIR
 
 CHECKOUT = Path(__file__).resolve().parents[2]
@@ -107,9 +108,17 @@ def test_wheel_installs_and_serves(tmp_path: Path) -> None:
             str(tmp_path / "data"),
         ],
     )
+    compiler = shutil.which("cc") or shutil.which("gcc")
+    version = run(venv / "bin" / "mpbroker", "--version")
+    if compiler:
+        # setup.py compiled the hot modules into the wheel (mypyc, with the C compiler).
+        assert "hot modules compiled with mypyc" in version, version
     try:
         broker.start()
         assert "mpbroker ready on" in broker.log_text()
+        if compiler:
+            assert "running hot modules compiled with mypyc" in broker.log_text()
+        carry_messages(broker.port)
         pid = broker.pid
         os.kill(pid, signal.SIGTERM)
         assert broker.process is not None
@@ -119,6 +128,70 @@ def test_wheel_installs_and_serves(tmp_path: Path) -> None:
     assert shm_of(pid) == []
     timings["serve and stop"] = time.monotonic() - started
     print("timings:", ", ".join(f"{what} {took:.1f} s" for what, took in timings.items()))
+
+
+@pytest.mark.slow
+def test_a_wheel_without_a_working_compiler_is_pure_python(tmp_path: Path) -> None:
+    """Compiling the hot modules is never required: when the C compiler fails, the build
+    says so and the wheel holds the pure-Python modules only (and so works anywhere)."""
+    if importlib.util.find_spec("build") is None:
+        pytest.skip("the build package is not installed (pip install build)")
+    src = tmp_path / "src"
+    shutil.copytree(CHECKOUT, src, ignore=NOT_SOURCE)
+    dist = tmp_path / "dist"
+    built = subprocess.run(
+        [sys.executable, "-m", "build", "--wheel", "--outdir", str(dist), str(src)],
+        capture_output=True,
+        text=True,
+        timeout=INSTALL_TIMEOUT_S,
+        env={**os.environ, "CC": "false"},
+        cwd="/",
+    )
+    assert built.returncode == 0, built.stdout + built.stderr
+    out = built.stdout + built.stderr
+    assert "compiling the hot modules failed, pure-Python modules only" in out
+    (wheel,) = dist.glob("mpbroker-*.whl")
+    with zipfile.ZipFile(wheel) as archive:
+        names = archive.namelist()
+    assert "mpbroker/stomp/_parser.py" in names
+    assert [name for name in names if name.endswith(".so")] == []
+
+
+def carry_messages(port: int) -> None:
+    """Messages through a queue (a receipt, acks), a topic to two subscribers and a
+    persistent queue, each checked exactly: the compiled modules carry them all."""
+    producer, consumer = RawClient("127.0.0.1", port), RawClient("127.0.0.1", port)
+    try:
+        producer.connect()
+        consumer.connect()
+        consumer.send("SUBSCRIBE", {"id": "q", "destination": "/queue/w", "ack": "client"})
+        consumer.send("SUBSCRIBE", {"id": "t1", "destination": "/topic/w"})
+        consumer.send("SUBSCRIBE", {"id": "t2", "destination": "/topic/w", "receipt": "s"})
+        consumer.expect("RECEIPT", "s")
+        for n in range(300):
+            producer.send("SEND", {"destination": "/queue/w"}, b"q%d" % n)
+            producer.send("SEND", {"destination": "/topic/w"}, b"t%d" % n)
+            persistent = {"destination": "/queue/p", "persistent": "true"}
+            producer.send("SEND", persistent, b"p%d" % n)
+        producer.send("DISCONNECT", {"receipt": "sent"})
+        producer.expect("RECEIPT", "sent")
+        got: dict[str, list[bytes]] = {"q": [], "t1": [], "t2": []}
+        while sum(map(len, got.values())) < 900:
+            frame = consumer.expect("MESSAGE")
+            got[frame.headers["subscription"]].append(frame.body)
+            if frame.headers["subscription"] == "q":
+                consumer.send("ACK", {"id": frame.headers["ack"]})
+        assert got == {
+            "q": [b"q%d" % n for n in range(300)],
+            "t1": [b"t%d" % n for n in range(300)],
+            "t2": [b"t%d" % n for n in range(300)],
+        }
+        consumer.send("SUBSCRIBE", {"id": "p", "destination": "/queue/p"})
+        stored = [consumer.expect("MESSAGE").body for _ in range(300)]
+        assert stored == [b"p%d" % n for n in range(300)]
+    finally:
+        producer.close()
+        consumer.close()
 
 
 @pytest.mark.slow

@@ -5,7 +5,6 @@ from __future__ import annotations
 import itertools
 import logging
 import random
-import weakref
 from collections.abc import Iterator
 from functools import partial
 
@@ -70,7 +69,14 @@ def new_session(
 
 # What each session's take_output() gave and a test has not looked at yet: `frames` reads
 # the bytes, `routes` the records, each taking all there is (as the gateway shell does).
-_taken: weakref.WeakKeyDictionary[GatewaySession, SessionOutput] = weakref.WeakKeyDictionary()
+# A plain dict emptied after each test: a compiled GatewaySession takes no weak reference.
+_taken: dict[GatewaySession, SessionOutput] = {}
+
+
+@pytest.fixture(autouse=True)
+def _forget_taken() -> Iterator[None]:
+    yield
+    _taken.clear()
 
 
 def _take(session: GatewaySession) -> SessionOutput:

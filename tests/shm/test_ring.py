@@ -246,8 +246,6 @@ def test_statistics(ring: Ring) -> None:
     assert s2.peak_used_bytes == used
     with pytest.raises(AttributeError):
         s2.head = 0  # type: ignore[misc]
-    # Each field is documented (trio's MemoryChannelStatistics style).
-    assert RingStatistics.__doc__
 
 
 def test_memoryview_and_bytearray_payloads(ring: Ring) -> None:
