@@ -11,7 +11,7 @@ import os
 
 import psutil
 
-__all__ = ["listening_server_pid", "tree_cpu_seconds"]
+__all__ = ["listening_server_pid", "tree_cpu_seconds", "tree_memory_bytes"]
 
 # What mpbroker's processes call themselves (setproctitle): the supervisor is the root.
 _OUR_TITLE = "mpbroker: "
@@ -51,6 +51,27 @@ def tree_cpu_seconds(pid: int) -> float | None:
     total = (int(fields[11]) + int(fields[12])) / _TICKS_PER_S
     for child in _children(pid):
         total += tree_cpu_seconds(child) or 0.0
+    return total
+
+
+def tree_memory_bytes(pid: int) -> int | None:
+    """Memory of ``pid`` and every live descendant: the sum of their PSS (each shared page
+    counted once in all, as the broker's shared-memory rings are), or of their RSS where
+    PSS is not readable; None if ``pid`` is not readable."""
+    try:
+        root = psutil.Process(pid)
+        processes = [root, *root.children(recursive=True)]
+    except psutil.Error:
+        return None
+    total = 0
+    for process in processes:
+        try:
+            try:
+                total += process.memory_full_info().pss
+            except (psutil.AccessDenied, AttributeError):
+                total += process.memory_info().rss
+        except psutil.Error:
+            continue  # it exited meanwhile
     return total
 
 

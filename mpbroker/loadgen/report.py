@@ -60,6 +60,9 @@ class RunResult:
     #: CPU seconds the server and its child processes used during the run (None when the
     #: bench did not start the server, or /proc is not readable).
     server_cpu_s: float | None = None
+    #: Memory of the server and its child processes once every delivery arrived (summed
+    #: PSS; None as for ``server_cpu_s``).
+    server_memory_bytes: int | None = None
     #: Consumer socket reads that brought messages (see :attr:`messages_per_read`).
     consumer_reads: int = 0
 
@@ -81,6 +84,14 @@ class RunResult:
     def messages_per_read(self) -> float:
         """Deliveries per consumer socket read: how many frames the server writes at once."""
         return self.received / self.consumer_reads if self.consumer_reads else 0.0
+
+    @property
+    def server_us_per_delivery(self) -> float | None:
+        """Server CPU microseconds per delivery: what a message costs the broker all the
+        way (a topic's per subscriber that got it)."""
+        if self.server_cpu_s is None or not self.received:
+            return None
+        return self.server_cpu_s / self.received * 1e6
 
     @property
     def sent_rate(self) -> float:
@@ -121,6 +132,16 @@ class RunResult:
             "producer_cpu_s": round(self.producer_cpu_s, 3),
             "consumer_cpu_s": round(self.consumer_cpu_s, 3),
             "server_cpu_s": None if self.server_cpu_s is None else round(self.server_cpu_s, 3),
+            "server_us_per_delivery": (
+                None
+                if self.server_us_per_delivery is None
+                else round(self.server_us_per_delivery, 2)
+            ),
+            "server_memory_mib": (
+                None
+                if self.server_memory_bytes is None
+                else round(self.server_memory_bytes / 2**20, 1)
+            ),
             "messages_per_read": round(self.messages_per_read, 1),
             "errors": list(self.errors),
             "aborted": self.aborted,
@@ -252,14 +273,21 @@ def format_json(runs: Sequence[RunResult]) -> str:
 
 
 def _cpu_summary(run: RunResult) -> str:
-    per = max(1, run.sent + run.received)
+    # Per delivery (a topic's: per subscriber that got the message), as brokers are
+    # compared; the clients' figure in the same unit says what the load generator took.
+    per = max(1, run.received)
     server = (
         "server CPU unknown"
         if run.server_cpu_s is None
-        else f"server {run.server_cpu_s:.2f} CPU-s ({run.server_cpu_s / per * 1e6:.1f} us/msg)"
+        else f"server {run.server_cpu_s:.2f} CPU-s ({run.server_cpu_s / per * 1e6:.1f} us/delivery)"
     )
-    # Per message sent or received: the unit both sides of a run share.
+    memory = (
+        ""
+        if run.server_memory_bytes is None
+        else f"; server memory {run.server_memory_bytes / 2**20:.0f} MiB"
+    )
     return (
         f"CPU: {server}, clients {run.client_cpu_s:.2f} CPU-s"
-        f" ({run.client_cpu_s / per * 1e6:.1f} us/msg); {run.messages_per_read:.0f} msgs/read"
+        f" ({run.client_cpu_s / per * 1e6:.1f} us/delivery){memory};"
+        f" {run.messages_per_read:.0f} msgs/read"
     )

@@ -31,7 +31,7 @@ from .control import (
     Ready,
     WorkerMessage,
 )
-from .cpu import tree_cpu_seconds
+from .cpu import tree_cpu_seconds, tree_memory_bytes
 from .producer import producer_main
 from .report import RunResult
 from .scenario import Scenario
@@ -85,6 +85,7 @@ class ProcessRun(ABC, Generic[ResultT]):
         self.consumer_results: dict[int, ConsumerResult] = {}
         self.server_cpu_start: float | None = None
         self.server_cpu_s: float | None = None
+        self.server_memory_bytes: int | None = None
         self.started = time.monotonic()
 
     @abstractmethod
@@ -111,6 +112,10 @@ class ProcessRun(ABC, Generic[ResultT]):
                 end = self._server_cpu()
                 if end is not None and self.server_cpu_start is not None:
                     self.server_cpu_s = end - self.server_cpu_start
+                # Once every delivery arrived, before the clients go: what the server
+                # holds for the load it just carried.
+                if self.server_pid is not None:
+                    self.server_memory_bytes = tree_memory_bytes(self.server_pid)
             except _Abort as exc:
                 aborted = str(exc)
             self.control.stop.set()
@@ -318,5 +323,6 @@ class _Run(ProcessRun[RunResult]):
             producer_cpu_s=sum(r.cpu_s for r in self.producer_results.values()),
             consumer_cpu_s=sum(r.cpu_s for r in self.consumer_results.values()),
             server_cpu_s=self.server_cpu_s,
+            server_memory_bytes=self.server_memory_bytes,
             consumer_reads=sum(r.reads for r in self.consumer_results.values()),
         )

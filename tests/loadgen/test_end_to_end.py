@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import socket
 from typing import Any
 
 import pytest
 
 from mpbroker.harness import BrokerProcess, ServerProcess
-from mpbroker.loadgen.cpu import listening_server_pid
+from mpbroker.loadgen.cpu import listening_server_pid, tree_memory_bytes
 from mpbroker.shm import SHM_DIR
 from tests.commands import gone, run_module, run_module_json
 
@@ -117,5 +118,14 @@ def test_against_a_running_broker_its_cpu_is_found_by_its_port(
     (run,) = json.loads(out)["runs"]
     assert run["server_pid"] == broker.pid
     assert run["server_cpu_s"] > 0
+    # Per delivery, and the memory of every process of the broker once all arrived.
+    assert run["server_us_per_delivery"] == pytest.approx(
+        run["server_cpu_s"] / run["received"] * 1e6, abs=0.01
+    )
+    now_mib = (tree_memory_bytes(broker.pid) or 0) / 2**20
+    assert run["server_memory_mib"] > 10 and now_mib / 2 < run["server_memory_mib"] < now_mib * 2
+    code, out, err = _bench("--port", str(broker.port), "--count", "2000")
+    assert code == 0, err
+    assert re.search(r"server \S+ CPU-s \(\S+ us/delivery\).*server memory \d+ MiB", out), out
     with socket.create_server(("127.0.0.1", 0)) as listener:  # anyone's listener: itself
         assert listening_server_pid(listener.getsockname()[1]) == os.getpid()
