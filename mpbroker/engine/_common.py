@@ -15,6 +15,7 @@ from mpbroker.records import (
     BarrierDone,
     ConnClosed,
     Credit,
+    Deliver,
     Hello,
     Message,
     Nack,
@@ -37,23 +38,82 @@ def no_byte_window(destination: str) -> int:
 
 
 class Outbox:
-    """Records an engine wants sent, grouped by the gateway that must receive them."""
+    """Records an engine wants sent, grouped by the gateway that must receive them.
 
-    __slots__ = ("by_gateway",)
+    `deliver` lets deliveries of one message to several subscriptions share one `Deliver`
+    record per gateway, also when they are made one subscription at a time (a topic's
+    subscribers draining their backlogs as their credits come back): one record to encode,
+    copy through the ring and decode, and one MESSAGE frame to encode in the gateway,
+    instead of one per subscriber. A delivery joins an earlier record only past nothing
+    said to its own connection since (records to one connection keep their order; records
+    to different connections have none to keep: they go to different sockets).
+    """
+
+    __slots__ = ("_fence", "_last_to", "_open", "before_take", "by_gateway")
 
     def __init__(self) -> None:
         self.by_gateway: dict[int, list[Record]] = {}
+        # Called first by `take`: an engine that defers work (a topic's drains, so that
+        # they are made together) finishes it before its records are taken.
+        self.before_take: Callable[[], None] | None = None
+        # Per (gateway, message object): the position of the Deliver record a later
+        # delivery of that message may join (the records keep the messages alive, so
+        # their ids stay theirs until `take`).
+        self._open: dict[tuple[int, int], int] = {}
+        # Per gateway, the first position a delivery may join: a record for no single
+        # connection (a flow change) fences everything before it.
+        self._fence: dict[int, int] = {}
+        # Per (gateway, connection), the position of the last record to it.
+        self._last_to: dict[tuple[int, int], int] = {}
 
     def add(self, gateway: int, record: Record) -> None:
         batch = self.by_gateway.get(gateway)
         if batch is None:
-            self.by_gateway[gateway] = [record]
+            batch = self.by_gateway[gateway] = []
+        position = len(batch)
+        batch.append(record)
+        if not self._open:
+            return  # nothing can join an earlier record yet: no order to keep
+        if isinstance(record, Receipt | Refuse | BarrierDone):
+            self._last_to[gateway, record.conn] = position
+        elif isinstance(record, Deliver):
+            for conn, _ in record.targets:
+                self._last_to[gateway, conn] = position
         else:
-            batch.append(record)
+            self._fence[gateway] = position + 1
+
+    def deliver(self, gateway: int, conn: int, sub: int, message: Message) -> None:
+        """`message` for subscription `sub` of connection `conn`: joined to an earlier
+        record of the same message to that gateway where order allows, else a new one."""
+        batch = self.by_gateway.get(gateway)
+        if batch is None:
+            batch = self.by_gateway[gateway] = []
+        to = (gateway, conn)
+        key = (gateway, id(message))
+        position = self._open.get(key)
+        if (
+            position is not None
+            and position >= self._fence.get(gateway, 0)
+            and position >= self._last_to.get(to, -1)
+        ):
+            record = batch[position]
+            assert isinstance(record, Deliver)
+            record.targets.append((conn, sub))
+        else:
+            position = len(batch)
+            self._open[key] = position
+            batch.append(Deliver([(conn, sub)], message))
+        self._last_to[to] = position
 
     def take(self) -> dict[int, list[Record]]:
         """Everything collected so far; the outbox is empty afterwards."""
+        if self.before_take is not None:
+            self.before_take()
         out, self.by_gateway = self.by_gateway, {}
+        if self._open:
+            self._open.clear()
+            self._fence.clear()
+            self._last_to.clear()
         return out
 
 

@@ -15,7 +15,6 @@ from mpbroker.flow import DISCARD, ExpiryPolicy, FlowChange, Level, Watermark, e
 from mpbroker.records import (
     ACK_AUTO,
     NO_HEADERS,
-    Deliver,
     Message,
     Refuse,
     Send,
@@ -56,6 +55,10 @@ class TopicEffects:
 
 def _discard(topic: str) -> ExpiryPolicy:
     return DISCARD
+
+
+def _backlog_length(consumer: Consumer) -> int:
+    return len(consumer.pending)
 
 
 class TopicEngine(Engine):
@@ -140,13 +143,18 @@ class TopicEngine(Engine):
         self.expiry_for = expiry_for
         self.expiry_on_read = expiry_on_read
         self.expired = 0  # backlog entries (a message once per subscriber it waited for)
+        # Subscribers whose windows got room while they have a backlog (dict: ordered set).
+        self._to_drain: dict[Consumer, None] = {}
+        outbox.before_take = self._drain_together
 
     def configure_expiry(self, expiry_for: Callable[[str], ExpiryPolicy]) -> None:
         """New expiry policies (a configuration reload)."""
         self.expiry_for = expiry_for
 
     def take_effects(self) -> TopicEffects:
-        """What the engine's work since the last call left for the worker."""
+        """What the engine's work since the last call left for the worker (the drains
+        it deferred done first: they change what flow control must say)."""
+        self._drain_together()
         effects, self._effects = self._effects, TopicEffects()
         return effects
 
@@ -174,6 +182,10 @@ class TopicEngine(Engine):
             subscribers = [*self.plain.get(topic, ()), *index.matching(message)]
         limit = self.settings.max_pending_messages
         for consumer in subscribers:
+            if len(consumer.pending) >= limit and consumer in self._to_drain:
+                # Its window got room in this batch: the drain that makes room in its
+                # backlog too comes first.
+                self._drain_together()
             if len(consumer.pending) >= limit and not (consumer.parked and message.persistent):
                 if self._holding(topic):
                     # The gateways hold what its publishers send from now on: this one was
@@ -190,10 +202,10 @@ class TopicEngine(Engine):
                 self.outbox.add(gateway, Refuse.of(record.conn, refusal, record.receipt))
                 return
         self.received += 1
-        # One Deliver per gateway carries every target there, so a fan-out to many
-        # subscribers on one gateway costs one ring record.
-        targets: dict[int, list[tuple[int, int]]] = {}
+        # One Deliver per gateway carries every target there (Outbox.deliver), so a
+        # fan-out to many subscribers on one gateway costs one ring record.
         stub: Message | None = None
+        outbox = self.outbox
         for consumer in subscribers:
             if consumer.pending or not consumer.ready:
                 if consumer.parked and message.persistent:
@@ -211,14 +223,8 @@ class TopicEngine(Engine):
                 continue
             consumer.take(message)
             gateway_index, conn, sub = consumer.key
-            batch = targets.get(gateway_index)
-            if batch is None:
-                targets[gateway_index] = [(conn, sub)]
-            else:
-                batch.append((conn, sub))
-        for gateway_index, batch in targets.items():
-            self.outbox.add(gateway_index, Deliver(batch, message))
-            self.delivered += len(batch)
+            outbox.deliver(gateway_index, conn, sub, message)
+            self.delivered += 1
         self._receipt(gateway, record.conn, record.receipt)
         self._check_live(topic, subscribers)
 
@@ -235,9 +241,14 @@ class TopicEngine(Engine):
             self.live_total += len(messages)
             self.live_bytes += sum(m.size for m in messages)
             self.backlogged.setdefault(consumer.destination, {})[consumer] = None
-        self._drain(consumer)
         if nack:
+            self._drain(consumer)
             self._check_live(consumer.destination, [consumer])
+        elif consumer.pending:
+            # Drained with every other subscriber that got room in this batch, when the
+            # outbox is taken: together, they share one Deliver record per message and
+            # gateway (`_drain_together`).
+            self._to_drain[consumer] = None
 
     def _added(self, consumer: Consumer) -> None:
         topic = consumer.destination
@@ -315,8 +326,9 @@ class TopicEngine(Engine):
         self.live_bytes -= message.size
         return message
 
-    def _drain(self, consumer: Consumer) -> None:
-        """Move backlog into the window while it has room."""
+    def _drain(self, consumer: Consumer, *, judge: bool = True) -> None:
+        """Move backlog into the window while it has room (and judge the topic's live
+        buffer after, unless the caller does)."""
         gateway, conn, sub = consumer.key
         moved = bool(consumer.pending)
         expire = self.expiry_on_read
@@ -327,12 +339,33 @@ class TopicEngine(Engine):
             if message is None:
                 continue
             consumer.take(message)
-            self.outbox.add(gateway, Deliver([(conn, sub)], message))
+            self.outbox.deliver(gateway, conn, sub, message)
             self.delivered += 1
         if moved:
             if not consumer.pending:
                 self._caught_up(consumer)
-            self._check_live(consumer.destination, ())
+            if judge:
+                self._check_live(consumer.destination, ())
+
+    def _drain_together(self) -> None:
+        """Drain the subscribers that got room since the outbox was last taken, the one
+        furthest behind first. Their backlogs end with the same messages (each entry is
+        one object, appended to every backlog at publish), so once the laggard has been
+        handed a stretch, the next one's deliveries of the same messages join its Deliver
+        records (`Outbox.deliver`: a delivery joins a record past its connection's last):
+        one record per message and gateway instead of one per subscriber. Each backlog
+        is taken in its order; only the interleaving between subscribers, which no client
+        can see, differs from draining each as its room came."""
+        if not self._to_drain:
+            return
+        waiting, self._to_drain = self._to_drain, {}
+        consumers = self.consumers
+        ready = [c for c in waiting if consumers.get(c.key) is c]
+        ready.sort(key=_backlog_length, reverse=True)
+        for consumer in ready:
+            self._drain(consumer, judge=False)
+        for topic in {c.destination for c in ready}:
+            self._check_live(topic, ())
 
     def expire_scan(self, now_ms: int) -> int:
         """Drop every backlog entry whose time is up (iBus' live-buffer cleanup); returns

@@ -83,6 +83,11 @@ class Pacer:
                 return None
         return max(0.0, rate.delay(now))
 
+    @property
+    def idle(self) -> bool:
+        """No pace of this producer is under way (each would need a look per SEND)."""
+        return not self._rates
+
     def sent(self, key: str, now: float) -> None:
         """The producer took its turn for `key`."""
         rate = self._rates.get(key)
@@ -110,6 +115,17 @@ class Admission:
 
     def memory_pace(self, memory_level: int) -> Pace:
         return MEMORY_PACE, self.memory_short(memory_level), self.throttle_rate
+
+    def admits_at_once(self, frame: Frame, memory_level: int, pacer: Pacer) -> bool:
+        """Whether the SEND goes without a look at paces or stops: nothing paces its
+        producer, MemWatch does not throttle, its destination has no rate-based flow and no
+        stop is in force. The common case, decided here without the shell waiting."""
+        return (
+            pacer.idle
+            and not self.flow.stops
+            and not self.memory_short(memory_level)
+            and self.rate_for(frame.headers.get("destination", "")) is None
+        )
 
     def rate_pace(self, frame: Frame) -> Pace | None:
         """The pace of a SEND to a destination with rate-based flow; None for others."""

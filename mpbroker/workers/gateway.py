@@ -265,6 +265,10 @@ class Gateway:
             touched: set[_Connection] = set()
             restarted: list[_Connection] = []
             pending_routes: list[tuple[int, Record]] = []
+            # The MESSAGE frames of this batch's messages, per message and protocol version:
+            # a message delivered to subscribers in several records (a topic's subscribers
+            # drained one by one) is encoded once.
+            frames: dict[tuple[str, str, int, bool], dict[str, memoryview]] = {}
             got = False
             for source, reader in enumerate(self.readers):
                 batch = reader.read_batch(batch_records)
@@ -273,7 +277,7 @@ class Gateway:
                 got = True
                 for kind, payload in batch:
                     record = decode(kind, payload)
-                    self._apply(record, source, touched, restarted, pending_routes)
+                    self._apply(record, source, touched, restarted, pending_routes, frames)
             for conn in touched:
                 conn.notify()
             for conn in restarted:
@@ -314,10 +318,20 @@ class Gateway:
         touched: set[_Connection],
         restarted: list[_Connection],
         pending_routes: list[tuple[int, Record]],
+        frames: dict[tuple[str, str, int, bool], dict[str, memoryview]],
     ) -> None:
         match record:
             case records.Deliver(targets=targets, message=message):
-                shared: dict[str, memoryview] = {}
+                # What makes one delivery's frame differ from another's of the same id.
+                key = (
+                    message.message_id,
+                    message.destination,
+                    message.deliveries,
+                    message.redelivered,
+                )
+                shared = frames.get(key)
+                if shared is None:
+                    shared = frames[key] = {}
                 for conn_id, sub in targets:
                     conn = self.connections.get(conn_id)
                     if conn is not None and conn.session.deliver(sub, message, shared):
@@ -646,11 +660,14 @@ class Gateway:
                     if session.refuses_send(frame):
                         self._log_denial(conn)
                         break
-                    admitted = await self._admit(conn, frame)
-                    if admitted is _REFUSED or not session.accepts_frames():
-                        break
-                    if admitted is _WAITED:
-                        now = epoch_ms()
+                    if not self.admission.admits_at_once(
+                        frame, self.control.memwatch_level, conn.pacer
+                    ):
+                        admitted = await self._admit(conn, frame)
+                        if admitted is _REFUSED or not session.accepts_frames():
+                            break
+                        if admitted is _WAITED:
+                            now = epoch_ms()
                 connecting = session.state is SessionState.AWAITING_CONNECT
                 if (
                     connecting

@@ -168,9 +168,12 @@ def test_new_messages_queue_behind_the_backlog_even_when_the_window_has_room() -
     engine.handle(0, subscribe(1, 1, prefetch=2))
     publish(engine, ["m1", "m2", "m3", "m4"])
     engine.handle(0, Credit(1, [(1, 1)]))  # window room for one: m3 goes, m4 still waits
+    # In the same batch, before the backlog is drained (when the batch's output is
+    # taken): behind the backlog, although the window has room.
     publish(engine, ["m5"])
-    engine.handle(0, Credit(1, [(1, 3)]))
-    assert ids_for(engine.outbox.take(), 0, 1, 1) == ["m1", "m2", "m3", "m4", "m5"]
+    first = ids_for(engine.outbox.take(), 0, 1, 1)
+    engine.handle(0, Credit(1, [(1, 2)]))
+    assert first + ids_for(engine.outbox.take(), 0, 1, 1) == ["m1", "m2", "m3", "m4", "m5"]
 
 
 def test_client_mode_ack_frees_the_window_cumulatively() -> None:
@@ -232,6 +235,40 @@ def test_backlog_has_room_again_once_drained() -> None:
     assert len(of_type(engine.outbox.take(), Refuse)) == 1
     engine.handle(0, Credit(1, [(1, 1)]))
     publish(engine, ["m4"])
+    out = engine.outbox.take()
+    assert of_type(out, Refuse) == []
+    assert ids_for(out, 0, 1, 1) == ["m2"]
+
+
+def test_subscribers_given_room_in_one_batch_are_drained_together() -> None:
+    engine = make_engine()
+    for conn in (1, 2, 3):  # three auto-ack subscribers of one gateway, windows of 2
+        engine.handle(0, subscribe(conn, 1, prefetch=2))
+    publish(engine, [f"m{n}" for n in range(6)])  # two each in the windows, four waiting
+    engine.outbox.take()
+    # Written: subscriber 3 the first of its two, the others both (one batch of credits).
+    engine.handle(0, Credit(3, [(1, 1)]))
+    engine.handle(0, Credit(1, [(1, 2)]))
+    engine.handle(0, Credit(2, [(1, 2)]))
+    out = engine.outbox.take()
+    # One record per message: the subscribers furthest behind went first, and the others'
+    # deliveries of the same messages joined their records.
+    assert [(r.message.message_id, sorted(r.targets)) for _, r in of_type(out, Deliver)] == [
+        ("m2", [(1, 1), (2, 1), (3, 1)]),
+        ("m3", [(1, 1), (2, 1)]),
+    ]
+    assert ids_for(out, 0, 3, 1) == ["m2"]
+    engine.handle(0, Credit(3, [(1, 2)]))
+    assert ids_for(engine.outbox.take(), 0, 3, 1) == ["m3", "m4"]
+
+
+def test_a_drain_waiting_for_the_batch_comes_first_when_a_backlog_is_full() -> None:
+    engine = make_engine(max_pending_messages=1)
+    engine.handle(0, subscribe(1, 1, prefetch=1))
+    publish(engine, ["m1", "m2"])  # m1 in the window, m2 waits: the backlog is full
+    engine.outbox.take()
+    engine.handle(0, Credit(1, [(1, 1)]))  # room in the window, m2 not moved yet
+    publish(engine, ["m3"])  # taken: the drain that makes room in the backlog went first
     out = engine.outbox.take()
     assert of_type(out, Refuse) == []
     assert ids_for(out, 0, 1, 1) == ["m2"]
@@ -414,6 +451,7 @@ def test_a_slow_subscriber_arms_its_topics_live_watermark_until_it_catches_up() 
     assert flow_changes(engine) == [FlowChange(T, "live_msg_high 3")]
     assert engine.live_stops() == {T: "live_msg_high 3"}
     engine.handle(9, Ack(1, 1, "m0"))  # two waiting: still over low
+    assert flow_changes(engine) == []  # (m1 delivered: the backlog drains when taken)
     engine.handle(9, Ack(1, 1, "m1"))  # one waiting: low
     assert flow_changes(engine) == [FlowChange(T, "")]
     assert engine.live_stops() == {}
@@ -492,9 +530,12 @@ def test_page_out_moves_waiting_bodies_and_a_departing_subscriber_gives_its_shar
     engine.handle(9, Unsubscribe(1, 2))
     assert len(pager.bodies) == 3  # subscriber 1 still waits for all three
     engine.outbox.take()
+    got = []
     for n in range(4):
         engine.handle(9, Ack(1, 1, f"a{n}"))
-    got = delivered_messages(engine.outbox.take())
+        # What each ACK made room for is delivered when the output is taken (a worker
+        # takes it after each batch), before the client can acknowledge it.
+        got += delivered_messages(engine.outbox.take())
     assert [m.body for m in got] == [b"%d" % n * 10 for n in range(1, 4)]
     assert pager.bodies == {} and engine.live_bytes == 0 and engine.paged_bytes == 0
 

@@ -125,3 +125,24 @@ def test_a_pacer_slows_an_armed_producer_and_lets_it_go_once_recovered() -> None
     pacer.sent(MEMORY_PACE, 13.0)
     # ...and not at all once recovered.
     assert pacer.delay(calm, now=1000.0) is None
+
+
+def test_a_send_goes_at_once_only_when_nothing_could_hold_or_pace_it() -> None:
+    gate = admission()
+    pacer = Pacer()
+    assert gate.admits_at_once(send(), 0, pacer)
+    assert not gate.admits_at_once(send(), 2, pacer)  # MemWatch throttles
+    assert not gate.admits_at_once(send("/queue/paced"), 0, pacer)  # rate-based flow
+    gate.flow.apply(FlowState(0, STORE_VOLATILE_QUEUES, "/queue/other", "msg_high 5"))
+    assert not gate.admits_at_once(send(), 0, pacer)  # a stop is in force somewhere
+    gate.flow.apply(FlowState(0, STORE_VOLATILE_QUEUES, "/queue/other", ""))
+    assert gate.admits_at_once(send(), 0, pacer)
+    # A producer still recovering from a pace is looked at until it has recovered.
+    pacer.delay(gate.memory_pace(2), now=0.0)
+    pacer.sent(MEMORY_PACE, 0.0)
+    pacer.delay(gate.memory_pace(2), now=12.0)  # armed long enough to slow it down
+    assert not pacer.idle and not gate.admits_at_once(send(), 0, pacer)
+    assert pacer.delay(gate.memory_pace(0), now=13.0) is not None  # disarmed, recovering
+    assert not gate.admits_at_once(send(), 0, pacer)
+    assert pacer.delay(gate.memory_pace(0), now=1000.0) is None
+    assert pacer.idle and gate.admits_at_once(send(), 0, pacer)
