@@ -117,8 +117,10 @@ def decode_page(page: bytes) -> tuple[dict[str, str], bytes]:
 def message_size(message: Message) -> int:
     """Bytes a message is charged for in limits: body plus header text. A compressed body
     counts as stored (compressed): limits and quotas count the bytes the broker keeps."""
-    headers = message.headers
-    return len(message.body) + sum(map(len, headers)) + sum(map(len, headers.values()))
+    size = len(message.body)
+    for name, value in message.headers.items():  # (faster than summing two maps)
+        size += len(name) + len(value)
+    return size
 
 
 class Hello(msgspec.Struct, array_like=True, gc=False):

@@ -40,16 +40,31 @@ log = logging.getLogger("mpbroker.pipeline")
 expiry_log = logging.getLogger("mpbroker.expiry")
 
 
+# Topics whose live-buffer watermarks are remembered, forgotten all at once beyond this.
+_MARKS_REMEMBERED = 4096
+
+
 def _live_marks(config: Config) -> Callable[[str], Watermark]:
     """A topic's live-buffer watermarks: its [destinations] table's, or topics.live_*."""
     default = Watermark(config.topics.live_msg_high, config.topics.live_msg_low)
+    # Asked for every message published (the topic engine judges its live buffer each
+    # time): the [destinations] patterns are matched once per topic.
+    known: dict[str, Watermark] = {}
 
     def mark_for(topic: str) -> Watermark:
+        mark = known.get(topic)
+        if mark is not None:
+            return mark
         table = config.destination(topic)
         if table is None or table.live_msg_high is None or table.live_msg_low is None:
-            return default
-        # High and low are set together in a table (the config refuses half a pair).
-        return Watermark(table.live_msg_high, table.live_msg_low)
+            mark = default
+        else:
+            # High and low are set together in a table (the config refuses half a pair).
+            mark = Watermark(table.live_msg_high, table.live_msg_low)
+        if len(known) >= _MARKS_REMEMBERED:
+            known.clear()
+        known[topic] = mark
+        return mark
 
     return mark_for
 

@@ -96,6 +96,9 @@ _ARTICLE = {"id": "an"}
 # Access answers a connection remembers (a client sending to ever new destinations
 # starts again from nothing past this many).
 _PERMITS_REMEMBERED = 1024
+# Destinations whose pipeline a session remembers (every SEND asks; the topology never
+# changes while the broker runs), forgotten all at once beyond this.
+_OWNERS_REMEMBERED = 1024
 
 
 class SessionError(Refusal):
@@ -219,6 +222,7 @@ class GatewaySession:
         # What `access` answered, per (permission, destination), while it is that one.
         self._permits: dict[tuple[str, str], bool] = {}
         self._permits_of = self.access
+        self._owners: dict[str, int] = {}
         self._data: list[bytes | memoryview] = []
         self._records: list[tuple[int, Record]] = []
         self._subs_by_id: dict[str, _Subscription] = {}
@@ -971,10 +975,17 @@ class GatewaySession:
         return value
 
     def _owner(self, destination: str) -> int:
+        owner = self._owners.get(destination)
+        if owner is not None:
+            return owner
         try:
-            return self.topology.owner(destination)
+            owner = self.topology.owner(destination)
         except UnknownDestination as exc:
             raise SessionError(str(exc)) from None
+        if len(self._owners) >= _OWNERS_REMEMBERED:
+            self._owners.clear()
+        self._owners[destination] = owner
+        return owner
 
     def _int_header(
         self, frame: Frame, name: str, default: int, *, minimum: int, maximum: int | None = None

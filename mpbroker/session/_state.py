@@ -37,6 +37,10 @@ class SessionState(enum.Enum):
     #: The socket is closed (by the peer, or by us after CLOSING): nothing more is written.
     CLOSED = "closed"
 
+    # Members are singletons compared by identity, so identity hashes them: a session asks
+    # `state in READING` for every frame, and Enum's own __hash__ is Python code.
+    __hash__ = object.__hash__
+
 
 class Event(enum.Enum):
     """What moves a session from one state to another."""

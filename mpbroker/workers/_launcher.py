@@ -65,6 +65,8 @@ PRELOAD = (
     "setproctitle",
 )
 
+# Container allocations between two automatic collections in a worker (see main).
+_GC_GEN0_THRESHOLD = 20_000
 _TITLE = "mpbroker: forkserver"
 _REQUEST = struct.Struct("=Q")  # the size of the pickled WorkerSpec that follows
 _CHUNK = 32 * 1024  # small reads: no big buffer left behind in the server's heap
@@ -437,5 +439,11 @@ def main() -> None:
     # that the workers' collections do not write to (and so copy) the pages they share.
     gc.collect()
     gc.freeze()
+    # A collection every 20,000 container objects allocated (CPython's default is 700),
+    # so that the cycle collector does not walk the young objects of every few dozen
+    # messages: a worker's messages are freed by reference counting, not by it. Measured
+    # with bench.compare: 6 % less CPU per delivery for a queue, 12 % for a topic
+    # (docs/benchmarks.md); MemWatch's collections (LevelGC) are unchanged.
+    gc.set_threshold(_GC_GEN0_THRESHOLD, 10, 10)
     log.debug("preloaded %d modules in %.2f s", len(sys.modules), time.monotonic() - started)
     _Server(sock).run()

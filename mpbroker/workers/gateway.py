@@ -18,6 +18,7 @@ import os
 import signal
 import socket
 import time
+from collections.abc import Iterator
 from functools import partial
 from pathlib import Path
 from typing import TypeAlias
@@ -213,7 +214,8 @@ class Gateway:
         # No colons: STOMP 1.2 escapes them in header values, which would put every
         # MESSAGE frame on the encoder's slow path.
         prefix = f"ID-{layout.instance}-{spec.index}.{spec.incarnation}-"
-        self.message_ids = (f"{prefix}{n}" for n in itertools.count(1))
+        # (map over map: every id made in C, with no Python frame per message)
+        self.message_ids: Iterator[str] = map(prefix.__add__, map(str, itertools.count(1)))
         self.tx_budget = TransactionBudget.from_settings(self.config.transactions)
         stomp = self.config.stomp
         self.limits = FrameLimits(
