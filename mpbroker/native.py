@@ -16,13 +16,16 @@ __all__ = ["HOT_MODULES", "compiled_modules", "describe"]
 
 #: Compiled together as one mypyc group (setup.py). Each must stay within what mypyc
 #: compiles: no table of methods in a class body (call them in a chain of tests), no
-#: frozen dataclass with slots, and no class of another module may derive from one of
-#: their classes.
+#: subclass of a builtin type (an Enum), and no class of another module may derive from
+#: one of their classes. Compiled classes check argument types when called (a TypeError
+#: where pure Python would have gone on) and take no weak references.
 HOT_MODULES: tuple[str, ...] = (
+    "mpbroker.stomp._frame",
     "mpbroker.stomp._escape",
     "mpbroker.stomp._parser",
     "mpbroker.stomp._encoder",
     "mpbroker.session._admission",
+    "mpbroker.session._transactions",
     "mpbroker.session._session",
     "mpbroker.engine._common",
     "mpbroker.engine._pending",
@@ -30,8 +33,10 @@ HOT_MODULES: tuple[str, ...] = (
     "mpbroker.engine._topic",
     "mpbroker.shm._ring",
     "mpbroker.shm._doorbell",
+    "mpbroker.shm._control",
     "mpbroker.flow._limits",
     "mpbroker.flow._watermark",
+    "mpbroker.flow._gate",
     "mpbroker.pipeline._base",
     "mpbroker.pipeline._p2p",
     "mpbroker.pipeline._pubsub",

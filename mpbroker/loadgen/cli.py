@@ -107,7 +107,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=int,
         default=_DEFAULTS.prefetch,
         metavar="N",
-        help="activemq.prefetchSize: window of unacknowledged deliveries (default %(default)s)",
+        help="window of unacknowledged deliveries, sent as activemq.prefetchSize and"
+        " prefetch-count (RabbitMQ's) (default %(default)s)",
     )
     load.add_argument(
         "--ack-every",

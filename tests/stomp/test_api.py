@@ -7,6 +7,7 @@ import dataclasses
 import pytest
 
 import mpbroker.stomp as stomp
+from mpbroker.native import compiled_modules
 from mpbroker.stomp import CLIENT_COMMANDS, HEARTBEAT_BYTES, SERVER_COMMANDS, Frame, FrameLimits
 
 
@@ -78,5 +79,10 @@ def test_frame_limit_defaults() -> None:
 @pytest.mark.parametrize("field", [f.name for f in dataclasses.fields(FrameLimits)])
 @pytest.mark.parametrize("value", [0, -1, 1.5, "10"])
 def test_frame_limits_must_be_positive_ints(field: str, value: object) -> None:
+    if type(value) is not int and "mpbroker.stomp._frame" in compiled_modules():
+        # Compiled, the class checks its arguments' types before __post_init__ runs.
+        with pytest.raises(TypeError):
+            FrameLimits(**{field: value})  # type: ignore[arg-type]
+        return
     with pytest.raises(ValueError, match=f"FrameLimits.{field} must be a positive int"):
         FrameLimits(**{field: value})  # type: ignore[arg-type]
