@@ -145,6 +145,8 @@ class TopicEngine(Engine):
         self.expired = 0  # backlog entries (a message once per subscriber it waited for)
         # Subscribers whose windows got room while they have a backlog (dict: ordered set).
         self._to_drain: dict[Consumer, None] = {}
+        if outbox.before_take is not None:
+            raise ValueError("the outbox already serves an engine that defers work")
         outbox.before_take = self._drain_together
 
     def configure_expiry(self, expiry_for: Callable[[str], ExpiryPolicy]) -> None:
