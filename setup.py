@@ -85,7 +85,9 @@ def _compiled_extensions() -> list[Extension]:
         extensions: list[Extension] = mypycify(
             ["--config-file", str(config), *HOT_MODULES],
             opt_level="3",
-            group_name="mpbroker_native",
+            # Inside the package (mpbroker/_native__mypyc...so), so that an editable
+            # install finds it where it finds the package.
+            group_name="mpbroker._native",
         )
     return extensions
 

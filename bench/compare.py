@@ -117,7 +117,7 @@ def _version(spec: str, parent: Path) -> Path:
         if not (target / "setup.py").exists():
             raise SystemExit(f"compare: {rev} has no setup.py: it cannot be compiled")
         # The wheel a user would install, unpacked: its compiled modules next to the pure
-        # ones, and the shared library mypyc puts beside the package.
+        # ones (and the group's shared library, mpbroker/_native__mypyc).
         wheels = target / "wheel"
         build = subprocess.run(
             [*_PIP_WHEEL, "--wheel-dir", str(wheels), str(target)],
