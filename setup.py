@@ -47,11 +47,11 @@ class BuildHotModules(build_ext):
     def run(self) -> None:
         if os.environ.get("MPBROKER_PURE") == "1":
             _say("MPBROKER_PURE=1: pure-Python modules only")
-            self.extensions = []
+            self._pure()
             return
         if getattr(self, "editable_mode", False) and os.environ.get("MPBROKER_COMPILE") != "1":
             _say("editable install: pure-Python modules (MPBROKER_COMPILE=1 compiles them)")
-            self.extensions = []
+            self._pure()
             return
         try:
             self.extensions = _compiled_extensions()
@@ -65,12 +65,24 @@ class BuildHotModules(build_ext):
         except (Exception, SystemExit) as exc:  # mypyc exits on a type error
             reason = f"{type(exc).__name__}: {exc}"[:300]
             _say(f"compiling the hot modules failed, pure-Python modules only ({reason})")
-            # A module half built (its shim without the shared library) would not import.
-            for extension in self.extensions:
-                Path(self.get_ext_fullpath(extension.name)).unlink(missing_ok=True)
-            self.extensions = []
+            self._pure()
             return
         _say(f"compiled {len(HOT_MODULES)} hot modules with mypyc")
+
+    def _pure(self) -> None:
+        """Build no extension, and remove compiled modules an earlier build left where
+        this one puts its files (a half-built module, its shim without the shared library,
+        would not import; a stale one would shadow its newer .py)."""
+        self.extensions = []
+        places = [Path(self.build_lib)]
+        if self.inplace or getattr(self, "editable_mode", False):
+            places.append(Path(__file__).parent)
+        names = [m.removesuffix(".py") for m in HOT_MODULES] + ["mpbroker/_native__mypyc"]
+        for place in places:
+            for name in names:
+                for stale in place.glob(f"{name}.*.so"):
+                    stale.unlink()
+                    _say(f"removed {stale}, compiled by an earlier build")
 
 
 def _compiled_extensions() -> list[Extension]:

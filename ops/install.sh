@@ -116,6 +116,8 @@ tar -C "$checkout" --exclude=./.git --exclude=./.venv --exclude=./build --exclud
 # upgrades; dependencies are upgraded only when the new version needs it.
 echo "installing mpbroker${extras:+[$extras]} from $checkout into $venv"
 "$venv/bin/python" -m pip install --quiet --disable-pip-version-check "$src${extras:+[$extras]}"
+# pip hides the build's output: say whether the hot modules were compiled (docs/operations.md).
+echo "installed $("$venv/bin/python" -m mpbroker --version)"
 
 if $staged; then
     # The tree under ROOT is copied to / later: its scripts must name PREFIX, not ROOT+PREFIX.

@@ -356,8 +356,12 @@ class TopicEngine(Engine):
         handed a stretch, the next one's deliveries of the same messages join its Deliver
         records (`Outbox.deliver`: a delivery joins a record past its connection's last):
         one record per message and gateway instead of one per subscriber. Each backlog
-        is taken in its order; only the interleaving between subscribers, which no client
-        can see, differs from draining each as its room came."""
+        is taken in its order. What differs from draining each as its room came: the
+        interleaving of deliveries between subscriptions (also two of one connection),
+        and a receipt for a later frame of the same batch comes before the deliveries
+        the batch made room for (a DISCONNECT's RECEIPT then ends the connection before
+        them: a non-durable subscription ends there anyway). A stop of the live buffer
+        is never judged on backlogs still waiting for this drain (`_check_live`)."""
         if not self._to_drain:
             return
         waiting, self._to_drain = self._to_drain, {}
@@ -424,6 +428,10 @@ class TopicEngine(Engine):
         last judged (None: any). While the topic has no level, every other backlog is
         known to be below its high watermark, so a publish to a few of many subscribers
         costs only those few."""
+        if self._to_drain and self._may_arm(topic, grown):
+            # Backlogs whose windows got room in this batch are not drained yet: a stop
+            # judged on them now could be one that draining at once never armed.
+            self._drain_together()
         before = self.global_live.armed or self.global_live_bytes.armed
         self.global_live.update(self.live_total)
         self.global_live_bytes.update(self.live_bytes)
@@ -446,6 +454,20 @@ class TopicEngine(Engine):
         elif change is False:
             self._effects.flow_changes.append(FlowChange(topic, ""))
             del self.live_levels[topic]
+
+    def _may_arm(self, topic: str, grown: Iterable[Consumer] | None) -> bool:
+        """Whether judging the live buffer now could arm a stop (see `_check_live`)."""
+        for level, value in (
+            (self.global_live, self.live_total),
+            (self.global_live_bytes, self.live_bytes),
+        ):
+            if not level.armed and level.mark.enabled and value >= level.mark.high:
+                return True
+        if topic in self.live_levels or not self.topics.get(topic):
+            return False  # armed already, or no subscriber
+        judged = self.backlogged.get(topic, ()) if grown is None else grown
+        mark = self.live_mark_for(topic)
+        return mark.enabled and max((len(c.pending) for c in judged), default=0) >= mark.high
 
     # -- flow-to-disk ----------------------------------------------------------------------
 

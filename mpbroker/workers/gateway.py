@@ -270,7 +270,7 @@ class Gateway:
             # The MESSAGE frames of this batch's messages, per message and protocol version:
             # a message delivered to subscribers in several records (a topic's subscribers
             # drained one by one) is encoded once.
-            frames: dict[tuple[str, str, int, bool], dict[str, memoryview]] = {}
+            frames: dict[tuple[str, str, int, bool, int, int], dict[str, memoryview]] = {}
             got = False
             for source, reader in enumerate(self.readers):
                 batch = reader.read_batch(batch_records)
@@ -320,16 +320,20 @@ class Gateway:
         touched: set[_Connection],
         restarted: list[_Connection],
         pending_routes: list[tuple[int, Record]],
-        frames: dict[tuple[str, str, int, bool], dict[str, memoryview]],
+        frames: dict[tuple[str, str, int, bool, int, int], dict[str, memoryview]],
     ) -> None:
         match record:
             case records.Deliver(targets=targets, message=message):
-                # What makes one delivery's frame differ from another's of the same id.
+                # What makes one delivery's frame differ from another's of the same id
+                # (ids repeat across broker runs when the supervisor's pid does: the store
+                # seq and the timestamp tell a stored message from a new one).
                 key = (
                     message.message_id,
                     message.destination,
                     message.deliveries,
                     message.redelivered,
+                    message.seq,
+                    message.timestamp_ms,
                 )
                 shared = frames.get(key)
                 if shared is None:

@@ -262,6 +262,20 @@ def test_subscribers_given_room_in_one_batch_are_drained_together() -> None:
     assert ids_for(engine.outbox.take(), 0, 3, 1) == ["m3", "m4"]
 
 
+def test_a_drain_waiting_for_the_batch_comes_first_when_a_stop_would_arm() -> None:
+    # Found in review: the deferred drain let a publish in the same batch arm the live
+    # buffer's stop on a backlog that draining at once would have shortened.
+    engine = make_engine(live_msg_high=4, live_msg_low=1)
+    engine.handle(0, subscribe(1, 1, prefetch=2))
+    publish(engine, ["m1", "m2", "m3", "m4", "m5"])  # two in the window, three waiting
+    engine.outbox.take()
+    assert flow_changes(engine) == []
+    engine.handle(0, Credit(1, [(1, 2)]))  # room for two: one left waiting once drained
+    publish(engine, ["m6"])  # two waiting, not four: no stop
+    assert flow_changes(engine) == []
+    assert ids_for(engine.outbox.take(), 0, 1, 1) == ["m3", "m4"]
+
+
 def test_a_drain_waiting_for_the_batch_comes_first_when_a_backlog_is_full() -> None:
     engine = make_engine(max_pending_messages=1)
     engine.handle(0, subscribe(1, 1, prefetch=1))

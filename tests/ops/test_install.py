@@ -223,6 +223,9 @@ def test_install_sh_into_a_root(tmp_path: Path) -> None:
     for skipped in ("creating the user mpbroker", "chown", "systemctl daemon-reload"):
         assert f"--root: skipped {skipped}" in out, out
     assert "systemctl enable --now mpbroker" in out
+    # pip hides the build's output, so the script says what it installed.
+    if shutil.which("cc") or shutil.which("gcc"):
+        assert "installed mpbroker 0.1.0, hot modules compiled with mypyc" in out, out
 
     # The scripts name PREFIX (where the tree will be copied), so run them by the venv's
     # python, which is a link to the interpreter the venv was made with.
