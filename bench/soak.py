@@ -57,6 +57,7 @@ import psutil
 
 from mpbroker.harness import BrokerProcess, FrameTimeout, RawClient, ServerError, StompError
 from mpbroker.loadgen.control import Counters, describe
+from mpbroker.loadgen.cpu import process_memory
 from mpbroker.loadgen.wire import BODY_HEADER_BYTES, body_prefix, make_body, send_explained
 from mpbroker.stomp import Frame, ProtocolError, encode_frame
 
@@ -826,14 +827,11 @@ class MemorySampler(threading.Thread):
             return 0, parts
         for process in processes:
             try:
-                try:
-                    full = process.memory_full_info()
-                    value, resident = int(full.pss), int(full.rss)
-                except (psutil.AccessDenied, AttributeError):
-                    self.kind = "RSS"
-                    value = resident = int(process.memory_info().rss)
+                value, resident, proportional = process_memory(process)
             except psutil.Error:
                 continue  # exited meanwhile
+            if not proportional:
+                self.kind = "RSS"
             rss += resident
             role = _role(process)
             parts[role] = parts.get(role, 0) + value

@@ -11,7 +11,7 @@ import os
 
 import psutil
 
-__all__ = ["listening_server_pid", "tree_cpu_seconds", "tree_memory_bytes"]
+__all__ = ["listening_server_pid", "process_memory", "tree_cpu_seconds", "tree_memory_bytes"]
 
 # What mpbroker's processes call themselves (setproctitle): the supervisor is the root.
 _OUR_TITLE = "mpbroker: "
@@ -66,13 +66,21 @@ def tree_memory_bytes(pid: int) -> int | None:
     total = 0
     for process in processes:
         try:
-            try:
-                total += process.memory_full_info().pss
-            except (psutil.AccessDenied, AttributeError):
-                total += process.memory_info().rss
+            total += process_memory(process)[0]
         except psutil.Error:
             continue  # it exited meanwhile
     return total
+
+
+def process_memory(process: psutil.Process) -> tuple[int, int, bool]:
+    """(PSS, RSS, True) of `process`, or (RSS, RSS, False) where its PSS is not readable
+    (another user's process); psutil.Error if it is gone."""
+    try:
+        full = process.memory_full_info()
+        return int(full.pss), int(full.rss), True
+    except (psutil.AccessDenied, AttributeError):
+        rss = int(process.memory_info().rss)
+        return rss, rss, False
 
 
 def listening_server_pid(port: int) -> int | None:
