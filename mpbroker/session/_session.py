@@ -56,9 +56,11 @@ from mpbroker.stomp import (
     ProtocolError,
     encode_frame,
     escape_header_value,
+    frame_bytes,
     negotiate_heartbeat,
     negotiate_version,
     parse_heartbeat,
+    plain_header_text,
 )
 
 from ._state import READING, WRITING, Event, SessionState, SessionStateError, transition
@@ -71,6 +73,7 @@ BROKER_NAME = "mpbroker"
 log = logging.getLogger("mpbroker.gateway")
 
 _LINE_BREAKS = re.compile(r"[\r\n]")
+_LINE_BREAKS_AND_COLONS = re.compile(r"[\r\n:]")
 
 # Headers the broker consumes from a SEND, and headers only the broker may set on a
 # MESSAGE (a producer must not forge an ack id or a redelivered flag, nor make a message
@@ -123,30 +126,62 @@ class _Subscription:
 _MESSAGE_LINE = b"MESSAGE\n"
 
 
-def _message_tail(message: Message, version: str) -> memoryview:
+def _message_tail(message: Message, version: str) -> bytes:
     """A MESSAGE frame for `message` without its command line: the broker's headers, the
     sender's headers, the original body (decompressed: content-length is the original's).
     Prefixed per subscriber (see GatewaySession.deliver). CorruptBody when the body does
     not decompress."""
     body = decompress(message.body, message.encoding)
+    headers = message.headers
+    lines = [f"message-id:{message.message_id}", f"destination:{message.destination}"]
+    if message.redelivered:
+        lines.append("redelivered:true")
+        # The JMS name for how often the message has been delivered, this time included.
+        lines.append(f"JMSXDeliveryCount:{message.deliveries + 1}")
+    plain: str | None = None
+    if not headers:
+        plain = plain_header_text(lines)
+    elif headers.keys().isdisjoint(_TAIL_SPECIAL):
+        for key, value in headers.items():
+            lines.append(f"{key}:{value}")
+        plain = plain_header_text(lines)
+    if plain is not None:
+        # The common case, written directly: nothing to escape, no header of the sender's
+        # that the broker's own lines must shadow.
+        return frame_bytes(f"{plain}\ncontent-length:{len(body)}\n\n", body)
+    return _message_tail_escaped(message, body, version)
+
+
+# Keys of a message's own headers that send its MESSAGE frame the careful way: the broker's
+# header names (a stored message from before they were stripped at SEND must not shadow
+# them), content-length (checked against the body) and an empty name (refused).
+_TAIL_SPECIAL = frozenset(
+    {"message-id", "destination", "redelivered", "JMSXDeliveryCount", "content-length", ""}
+)
+
+
+def _message_tail_escaped(message: Message, body: bytes, version: str) -> bytes:
+    """`_message_tail` for headers that need escaping or checking: through encode_frame."""
     headers = {"message-id": message.message_id, "destination": message.destination}
     if message.redelivered:
         headers["redelivered"] = "true"
-        # The JMS name for how often the message has been delivered, this time included.
         headers["JMSXDeliveryCount"] = str(message.deliveries + 1)
     for key, value in message.headers.items():
-        if key not in headers:
+        # (content-length is the broker's to write, and SEND strips it, as it refuses an
+        # empty name: a message stored by an older broker could still hold either.)
+        if key not in headers and key and key != "content-length":
             headers[key] = value
     frame = Frame("MESSAGE", headers, body)
     try:
         data = encode_frame(frame, version)
     except ValueError:
-        # A 1.2 producer's header holds a CR/LF that a 1.0/1.1 consumer's frame cannot
-        # carry (those versions cannot escape it): blank the line breaks rather than let
-        # the header spill into others.
-        frame.headers = {k: _LINE_BREAKS.sub(" ", v) for k, v in headers.items()}
+        # A 1.2 producer's header holds what a 1.0/1.1 consumer's frame cannot carry (those
+        # versions cannot escape a CR, 1.0 nothing at all): blank it rather than let the
+        # header spill into others or end its name early.
+        names = _LINE_BREAKS_AND_COLONS if version == "1.0" else _LINE_BREAKS
+        frame.headers = {names.sub(" ", k): _LINE_BREAKS.sub(" ", v) for k, v in headers.items()}
         data = encode_frame(frame, version)
-    return memoryview(data)[len(_MESSAGE_LINE) :]
+    return data[len(_MESSAGE_LINE) :]
 
 
 @dataclass(eq=False, slots=True)
@@ -756,7 +791,7 @@ class GatewaySession:
     # -- records from pipelines ----------------------------------------------------------
 
     def deliver(
-        self, sub_handle: int, message: Message, shared: dict[str, memoryview] | None = None
+        self, sub_handle: int, message: Message, shared: dict[str, bytes] | None = None
     ) -> bool:
         """Append a MESSAGE frame for one delivery; False if the subscription is gone.
 
@@ -791,7 +826,7 @@ class GatewaySession:
                 )
                 # An empty tail marks the failure for the rest of the fan-out (a real
                 # one always holds headers).
-                tail = memoryview(b"")
+                tail = b""
             shared[version] = tail
         if not tail:
             self._fail(

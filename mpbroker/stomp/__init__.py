@@ -5,7 +5,7 @@ Nothing here touches a socket, a clock or trio; the gateway is a thin adapter th
 STOMP 1.0, 1.1 and 1.2 (https://stomp.github.io/stomp-specification-1.2.html).
 """
 
-from ._encoder import encode_frame
+from ._encoder import encode_frame, frame_bytes, plain_header_text
 from ._errors import (
     BadHeaderEscape,
     FrameTooLarge,
@@ -44,8 +44,10 @@ __all__ = [
     "UnknownCommand",
     "encode_frame",
     "escape_header_value",
+    "frame_bytes",
     "negotiate_heartbeat",
     "negotiate_version",
     "parse_heartbeat",
+    "plain_header_text",
     "unescape_header_value",
 ]

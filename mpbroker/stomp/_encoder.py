@@ -25,19 +25,14 @@ def encode_frame(frame: Frame, version: str = "1.2") -> bytes:
     headers = frame.headers
     body = frame.body
     if headers:
-        # Fast path: join everything in C, then count the special characters once. With
-        # no colon but the separators, no LF but the line ends, no CR and no backslash,
-        # nothing needs escaping in any version and nothing can break the framing.
-        text = "\n".join(map(":".join, headers.items()))
-        count = len(headers)
-        if (
-            text.count(":") != count
-            or text.count("\n") != count - 1
-            or "\\" in text
-            or "\r" in text
-            or "" in headers
-        ):
-            text = _encode_headers_slowly(headers, frame.command, version)
+        # Fast path: one line per header (a loop: what mypyc compiles best), checked at once.
+        lines = []
+        for name, value in headers.items():
+            lines.append(f"{name}:{value}")
+        plain = plain_header_text(lines) if "" not in headers else None
+        text = (
+            plain if plain is not None else _encode_headers_slowly(headers, frame.command, version)
+        )
         length = headers.get("content-length")
         if length is not None:
             if length != str(len(body)) and not (
@@ -50,14 +45,41 @@ def encode_frame(frame: Frame, version: str = "1.2") -> bytes:
                 raise ValueError(
                     f"content-length {length!r} does not match the {len(body)}-byte body"
                 )
+            head = f"{frame.command}\n{text}\n\n"
         elif body:
-            text = f"{text}\ncontent-length:{len(body)}"
-        head = f"{frame.command}\n{text}\n\n"
+            head = f"{frame.command}\n{text}\ncontent-length:{len(body)}\n\n"
+        else:
+            head = f"{frame.command}\n{text}\n\n"
     elif body:
         head = f"{frame.command}\ncontent-length:{len(body)}\n\n"
     else:
         head = f"{frame.command}\n\n"
-    return b"".join((head.encode(), body, b"\0"))
+    return frame_bytes(head, body)
+
+
+def plain_header_text(lines: list[str]) -> str | None:
+    """`lines` joined by LF, when nothing in them needs escaping in any STOMP version and
+    nothing can break the framing; None when something might (escape them, or refuse).
+
+    Each line must be ``f"{name}:{value}"`` with a non-empty name: then a colon count equal
+    to the line count, an LF count one less, and no CR or backslash mean the text reads
+    back the same under every version's rules (one counting pass in C per check).
+    """
+    text = "\n".join(lines)
+    count = len(lines)
+    if text.count(":") != count or text.count("\n") != count - 1 or "\\" in text or "\r" in text:
+        return None
+    return text
+
+
+def frame_bytes(head: str, body: bytes) -> bytes:
+    """A frame's bytes: its head (ending in the blank line), body and NUL. Concatenating
+    copies the body twice and joining once, but joining builds a tuple: below a few
+    kilobytes concatenating is quicker."""
+    data = head.encode()
+    if len(body) < 4096:
+        return data + body + b"\0"
+    return b"".join((data, body, b"\0"))
 
 
 def _encode_headers_slowly(headers: dict[str, str], command: str, version: str) -> str:

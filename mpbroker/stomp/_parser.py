@@ -6,15 +6,14 @@ shape, folded into one call because STOMP has no streaming bodies).
 
 Speed matters: every frame a client sends passes through :meth:`FrameParser.feed`. The work
 per frame is a handful of C-level calls (one regex search for the end of the head, one UTF-8
-decode, one split, a dict built from a ``map``), and the rare cases -- CRLF line ends,
-escapes, repeated headers, errors -- leave that path only when a cheap test says they might
-be present. Searches resume where the last one stopped, so a frame trickling in one byte at a
-time costs linear, not quadratic, time.
+decode, one split, then each header line cut at its first colon: values may hold colons),
+and the rare cases -- CRLF line ends, escapes, errors -- leave that path only when a cheap
+test says they might be present. Searches resume where the last one stopped, so a frame
+trickling in one byte at a time costs linear, not quadratic, time.
 """
 
 from __future__ import annotations
 
-import operator
 import re
 from typing import NoReturn
 
@@ -38,9 +37,6 @@ _HEAD_END = re.compile(rb"\n\r?\n")
 _EOLS = re.compile(rb"(?:\r?\n)+")
 _LF = 10
 _CR = 13
-# "name:value" -> ["name", "value"]; only the first colon splits, so values may hold colons
-# (always in 1.0 and in CONNECT frames, which are not escaped).
-_split_header = operator.methodcaller("split", ":", 1)
 # A content-length of more digits than this is refused as too large before calling int(),
 # which would otherwise spend time on (or refuse, past 4300 digits) a hostile value.
 _MAX_LENGTH_DIGITS = 18
@@ -236,14 +232,18 @@ class FrameParser:
         if count:
             del lines[0]
             if "\\" not in text or self._version == "1.0" or command in UNESCAPED_COMMANDS:
-                try:
-                    headers = dict(map(_split_header, lines))
-                except ValueError:
-                    headers = None  # a line without a colon; the slow path names it
-                # Fewer keys than lines means a repeated header, where the first must win;
-                # an empty name is malformed. Both are rare, so the slow path handles them.
-                if headers is not None and (len(headers) != count or "" in headers):
-                    headers = None
+                # Nothing to unescape: split each line at its first colon. (A loop compiled
+                # by mypyc beats dict(map(methodcaller)) threefold here.)
+                headers = {}
+                for line in lines:
+                    colon = line.find(":")
+                    if colon <= 0:
+                        headers = None  # no colon, or an empty name: the slow path names it
+                        break
+                    name = line[:colon]
+                    # Repeated header: "only the first header entry SHOULD be used" (1.2).
+                    if name not in headers:
+                        headers[name] = line[colon + 1 :]
             if headers is None:
                 headers = self._parse_headers_slowly(lines, command)
         else:
@@ -256,7 +256,7 @@ class FrameParser:
                 raise MalformedFrame(
                     f"content-length {_show(length)} is not a non-negative integer"
                 )
-            if len(length.lstrip("0")) > _MAX_LENGTH_DIGITS:
+            if len(length) > _MAX_LENGTH_DIGITS and len(length.lstrip("0")) > _MAX_LENGTH_DIGITS:
                 raise FrameTooLarge(10**_MAX_LENGTH_DIGITS, limits.max_frame_bytes, at_least=True)
             nul = body_start + int(length)
             size = nul + 1 - pos

@@ -270,7 +270,7 @@ class Gateway:
             # The MESSAGE frames of this batch's messages, per message and protocol version:
             # a message delivered to subscribers in several records (a topic's subscribers
             # drained one by one) is encoded once.
-            frames: dict[tuple[str, str, int, bool, int, int], dict[str, memoryview]] = {}
+            frames: dict[tuple[str, str, int, bool, int, int], dict[str, bytes]] = {}
             got = False
             for source, reader in enumerate(self.readers):
                 batch = reader.read_batch(batch_records)
@@ -320,7 +320,7 @@ class Gateway:
         touched: set[_Connection],
         restarted: list[_Connection],
         pending_routes: list[tuple[int, Record]],
-        frames: dict[tuple[str, str, int, bool, int, int], dict[str, memoryview]],
+        frames: dict[tuple[str, str, int, bool, int, int], dict[str, bytes]],
     ) -> None:
         match record:
             case records.Deliver(targets=targets, message=message):

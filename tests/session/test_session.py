@@ -10,6 +10,8 @@ from functools import partial
 
 import msgspec
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from mpbroker.compression import decompress
 from mpbroker.config import AclEntry, Config, replace_settings
@@ -40,6 +42,7 @@ from mpbroker.session import (
     SessionStateError,
     TransactionBudget,
 )
+from mpbroker.session._session import _message_tail, _message_tail_escaped
 from mpbroker.stomp import SERVER_COMMANDS, Frame, FrameParser
 from tests import factories
 
@@ -627,6 +630,42 @@ def test_header_values_survive_1_2_escaping() -> None:
     session.deliver(sub.sub, make_message(headers={"odd": value}))
     [msg] = frames(session)
     assert msg.headers["odd"] == value
+
+
+_HEADER_TEXT = st.text(st.sampled_from("ab:\\\r\n é-"), max_size=6)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    version=st.sampled_from(["1.0", "1.1", "1.2"]),
+    message_id=st.sampled_from(["ID-1-0.1-7", "m:1", "m\\2"]),
+    destination=st.sampled_from(["/queue/q", "/queue/a:b", "/topic/x\\y"]),
+    headers=st.dictionaries(
+        _HEADER_TEXT | st.sampled_from(["message-id", "destination", "content-length", ""]),
+        _HEADER_TEXT,
+        max_size=4,
+    ),
+    redelivered=st.booleans(),
+)
+def test_message_frames_written_directly_are_those_encode_frame_writes(
+    version: str, message_id: str, destination: str, headers: dict[str, str], redelivered: bool
+) -> None:
+    # The common MESSAGE is written without a Frame or encode_frame; whatever its headers,
+    # the bytes are what the careful way through encode_frame writes.
+    message = make_message(message_id, destination, headers=headers, redelivered=redelivered)
+    careful = _message_tail_escaped(message, message.body, version)
+    assert _message_tail(message, version) == careful
+
+
+def test_a_colon_in_a_header_name_reaches_a_1_0_consumer_blanked() -> None:
+    # A 1.2 producer may send the name "a\\cb" (a:b); 1.0 cannot escape it, and used to make
+    # delivering the message raise ValueError out of the session, into the gateway.
+    session = connected("1.0")
+    sub = subscribed(session)
+    assert session.deliver(sub.sub, make_message(headers={"a:b": "1", "x-next": "kept"}))
+    [msg] = frames(session)
+    assert msg.headers["a b"] == "1"
+    assert msg.headers["x-next"] == "kept"
 
 
 @pytest.mark.parametrize("version", ["1.0", "1.1"])

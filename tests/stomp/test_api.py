@@ -29,9 +29,11 @@ def test_public_names() -> None:
         "UnknownCommand",
         "encode_frame",
         "escape_header_value",
+        "frame_bytes",
         "negotiate_heartbeat",
         "negotiate_version",
         "parse_heartbeat",
+        "plain_header_text",
         "unescape_header_value",
     }
     for name in stomp.__all__:

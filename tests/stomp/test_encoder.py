@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from mpbroker.stomp import Frame, encode_frame
+from mpbroker.stomp import Frame, encode_frame, frame_bytes, plain_header_text
 
 
 def test_frame_without_headers_or_body() -> None:
@@ -112,3 +112,19 @@ def test_large_body_is_copied_once_into_the_output() -> None:
     data = encode_frame(Frame("SEND", {"destination": "/q"}, body))
     assert data.endswith(body + b"\0")
     assert data.startswith(b"SEND\ndestination:/q\ncontent-length:1048576\n\n")
+
+
+def test_plain_header_text_joins_lines_nothing_needs_escaping_in() -> None:
+    assert plain_header_text(["a:1", "b:two words", "c:"]) == "a:1\nb:two words\nc:"
+
+
+@pytest.mark.parametrize("value", ["x:y", "x\ny", "x\ry", "x\\y"])
+def test_plain_header_text_gives_up_on_what_some_version_escapes(value: str) -> None:
+    # A colon in a value, a line break or a backslash: the caller escapes (or refuses).
+    assert plain_header_text(["a:1", f"b:{value}"]) is None
+
+
+@pytest.mark.parametrize("size", [0, 100, 4095, 4096, 1 << 16])
+def test_frame_bytes_is_head_body_and_nul(size: int) -> None:
+    body = b"\x01" * size
+    assert frame_bytes("SEND\n\n", body) == b"SEND\n\n" + body + b"\0"
