@@ -41,6 +41,7 @@ HOT_MODULES: tuple[str, ...] = (
     "mpbroker.pipeline._p2p",
     "mpbroker.pipeline._pubsub",
     "mpbroker.workers._outlet",
+    "mpbroker.workers._gateway_loops",
     "mpbroker.workers.pipeline",
 )
 

@@ -54,6 +54,7 @@ __all__ = [
     "decode_page",
     "encode",
     "encode_page",
+    "encode_payload",
     "message_size",
 ]
 
@@ -348,12 +349,14 @@ KIND_OF: Final[dict[type[Any], int]] = {cls: cls.kind for cls in _TYPES}
 _DECODERS: Final[dict[int, msgspec.msgpack.Decoder[Any]]] = {
     cls.kind: msgspec.msgpack.Decoder(cls) for cls in _TYPES
 }
-_encode = msgspec.msgpack.Encoder().encode
+#: A record's payload (its ring kind is `record.kind`): msgspec's encoder itself, which the
+#: compiled hot loops call without the Python frame of `encode`.
+encode_payload: Final = msgspec.msgpack.Encoder().encode
 
 
 def encode(record: Record) -> tuple[int, bytes]:
     """(ring kind, payload) for a record."""
-    return record.kind, _encode(record)
+    return record.kind, encode_payload(record)
 
 
 def decode(kind: int, payload: bytes) -> Record:

@@ -53,11 +53,9 @@ class AccessControl:
     def __init__(self, entries: Iterable[AclEntry] = (), dead_letter_prefix: str = "DLQ.") -> None:
         self.entries = tuple(entries)
         self.dead_letter_prefix = dead_letter_prefix
-
-    @property
-    def open(self) -> bool:
-        """True when there are no entries: everything is allowed to everyone."""
-        return not self.entries
+        # True when there are no entries: everything is allowed to everyone. (An attribute,
+        # not a property: every SEND asks.)
+        self.open: bool = not self.entries
 
     def allows(self, user: str, groups: Iterable[str], permission: str, destination: str) -> bool:
         """Whether `user` (in `groups`) may `permission` the `destination`."""

@@ -24,7 +24,7 @@ class Outlet:
         self.backlog: deque[tuple[int, bytes]] = deque()
 
     def add(self, record: records.Record) -> None:
-        self.backlog.append(records.encode(record))
+        self.backlog.append((record.kind, records.encode_payload(record)))
 
     def flush(self) -> None:
         backlog = self.backlog

@@ -72,6 +72,14 @@ from mpbroker.stomp import (
 
 from ._base import StopOnSignal, WorkerBase
 from ._counters import GATEWAY_CONNECTING, GATEWAY_CONNECTIONS, GATEWAY_FRAMES_IN
+from ._gateway_loops import (
+    RUN_DENIED,
+    RUN_REFUSED,
+    RUN_SHELL,
+    Frames,
+    deliver_run,
+    receive_run,
+)
 from ._layout import WorkerSpec
 
 __all__ = ["run_gateway"]
@@ -267,19 +275,20 @@ class Gateway:
             touched: set[_Connection] = set()
             restarted: list[_Connection] = []
             pending_routes: list[tuple[int, Record]] = []
-            # The MESSAGE frames of this batch's messages, per message and protocol version:
-            # a message delivered to subscribers in several records (a topic's subscribers
-            # drained one by one) is encoded once.
-            frames: dict[tuple[str, str, int, bool, int, int], dict[str, bytes]] = {}
+            frames: Frames = {}
             got = False
             for source, reader in enumerate(self.readers):
                 batch = reader.read_batch(batch_records)
                 if not batch:
                     continue
                 got = True
-                for kind, payload in batch:
-                    record = decode(kind, payload)
-                    self._apply(record, source, touched, restarted, pending_routes, frames)
+                end = len(batch)
+                at = deliver_run(batch, 0, self.connections, frames, touched)
+                while at < end:
+                    # A record of another kind: in its place among the deliveries.
+                    kind, payload = batch[at]
+                    self._apply(decode(kind, payload), source, touched, restarted, pending_routes)
+                    at = deliver_run(batch, at + 1, self.connections, frames, touched)
             for conn in touched:
                 conn.notify()
             for conn in restarted:
@@ -320,28 +329,9 @@ class Gateway:
         touched: set[_Connection],
         restarted: list[_Connection],
         pending_routes: list[tuple[int, Record]],
-        frames: dict[tuple[str, str, int, bool, int, int], dict[str, bytes]],
     ) -> None:
+        """A record from pipeline `source` other than a Deliver (`deliver_run` has those)."""
         match record:
-            case records.Deliver(targets=targets, message=message):
-                # What makes one delivery's frame differ from another's of the same id
-                # (ids repeat across broker runs when the supervisor's pid does: the store
-                # seq and the timestamp tell a stored message from a new one).
-                key = (
-                    message.message_id,
-                    message.destination,
-                    message.deliveries,
-                    message.redelivered,
-                    message.seq,
-                    message.timestamp_ms,
-                )
-                shared = frames.get(key)
-                if shared is None:
-                    shared = frames[key] = {}
-                for conn_id, sub in targets:
-                    conn = self.connections.get(conn_id)
-                    if conn is not None and conn.session.deliver(sub, message, shared):
-                        touched.add(conn)
             case records.Receipt(conn=conn_id, receipt=receipt):
                 conn = self.connections.get(conn_id)
                 if conn is not None:
@@ -657,7 +647,27 @@ class Gateway:
                 frames = []
             read_at = trio.current_time()
             now = epoch_ms()
-            for frame in frames:
+            at = 0
+            while at < len(frames):
+                # The common frames in a compiled loop; it stops at one the shell must handle.
+                at, stopped = receive_run(
+                    session,
+                    frames,
+                    at,
+                    now,
+                    self.admission,
+                    self.control.memwatch_level,
+                    conn.pacer,
+                )
+                if stopped == RUN_DENIED:
+                    self._log_denial(conn)
+                    continue
+                if stopped != RUN_SHELL:
+                    if stopped == RUN_REFUSED:
+                        self._log_denial(conn)
+                    break
+                frame = frames[at]
+                at += 1
                 # The state may change while we wait (a pipeline refused a frame, the broker
                 # stops, the client went away): nothing more is read then.
                 if not session.accepts_frames():
