@@ -1555,7 +1555,7 @@ def test_the_message_frame_carries_the_original_body_and_length(version: str) ->
 
 def test_a_fan_out_decompresses_once_per_protocol_version() -> None:
     message = sent_message(compressing(1024), BIG_TEXT)
-    shared: dict[str, memoryview] = {}
+    shared: dict[str, bytes] = {}
     sessions = [connected(v) for v in ("1.2", "1.1", "1.2")]
     for session in sessions:
         sub = subscribed(session, "s", "/topic/t", ack="auto")
@@ -1570,7 +1570,7 @@ def test_a_body_that_does_not_decompress_is_an_error_logged_once(
 ) -> None:
     good = sent_message(compressing(1024), BIG_TEXT)
     damaged = msgspec.structs.replace(good, body=good.body[:-8], message_id="ID-broken")
-    shared: dict[str, memoryview] = {}
+    shared: dict[str, bytes] = {}
     sessions = [connected(), connected()]
     handles = [subscribed(s, "s", "/queue/q", ack="auto").sub for s in sessions]
     with caplog.at_level(logging.ERROR, logger="mpbroker.gateway"):
