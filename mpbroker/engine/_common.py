@@ -49,22 +49,15 @@ class Outbox:
     to different connections have none to keep: they go to different sockets).
     """
 
-    __slots__ = ("_fence", "_last_to", "_open", "before_take", "by_gateway")
+    __slots__ = ("_joins", "before_take", "by_gateway")
 
     def __init__(self) -> None:
         self.by_gateway: dict[int, list[Record]] = {}
         # Called first by `take`: an engine that defers work (a topic's drains, so that
         # they are made together) finishes it before its records are taken.
         self.before_take: Callable[[], None] | None = None
-        # Per (gateway, message object): the position of the Deliver record a later
-        # delivery of that message may join (the records keep the messages alive, so
-        # their ids stay theirs until `take`).
-        self._open: dict[tuple[int, int], int] = {}
-        # Per gateway, the first position a delivery may join: a record for no single
-        # connection (a flow change) fences everything before it.
-        self._fence: dict[int, int] = {}
-        # Per (gateway, connection), the position of the last record to it.
-        self._last_to: dict[tuple[int, int], int] = {}
+        # Per gateway, what a later delivery may join (only for gateways that had one).
+        self._joins: dict[int, _Joins] = {}
 
     def add(self, gateway: int, record: Record) -> None:
         batch = self.by_gateway.get(gateway)
@@ -72,15 +65,16 @@ class Outbox:
             batch = self.by_gateway[gateway] = []
         position = len(batch)
         batch.append(record)
-        if not self._open:
-            return  # nothing can join an earlier record yet: no order to keep
+        joins = self._joins.get(gateway)
+        if joins is None:
+            return  # nothing can join an earlier record there yet: no order to keep
         if isinstance(record, Receipt | Refuse | BarrierDone):
-            self._last_to[gateway, record.conn] = position
+            joins.last_to[record.conn] = position
         elif isinstance(record, Deliver):
             for conn, _ in record.targets:
-                self._last_to[gateway, conn] = position
+                joins.last_to[conn] = position
         else:
-            self._fence[gateway] = position + 1
+            joins.fence = position + 1
 
     def deliver(self, gateway: int, conn: int, sub: int, message: Message) -> None:
         """`message` for subscription `sub` of connection `conn`: joined to an earlier
@@ -88,33 +82,46 @@ class Outbox:
         batch = self.by_gateway.get(gateway)
         if batch is None:
             batch = self.by_gateway[gateway] = []
-        to = (gateway, conn)
-        key = (gateway, id(message))
-        position = self._open.get(key)
-        if (
-            position is not None
-            and position >= self._fence.get(gateway, 0)
-            and position >= self._last_to.get(to, -1)
-        ):
+        joins = self._joins.get(gateway)
+        if joins is None:
+            joins = self._joins[gateway] = _Joins()
+        last_to = joins.last_to
+        position = joins.open.get(id(message))
+        if position is not None and position >= joins.fence and position >= last_to.get(conn, -1):
             record = batch[position]
             assert isinstance(record, Deliver)
             record.targets.append((conn, sub))
         else:
             position = len(batch)
-            self._open[key] = position
+            joins.open[id(message)] = position
             batch.append(Deliver([(conn, sub)], message))
-        self._last_to[to] = position
+        last_to[conn] = position
 
     def take(self) -> dict[int, list[Record]]:
         """Everything collected so far; the outbox is empty afterwards."""
         if self.before_take is not None:
             self.before_take()
         out, self.by_gateway = self.by_gateway, {}
-        if self._open:
-            self._open.clear()
-            self._fence.clear()
-            self._last_to.clear()
+        if self._joins:
+            self._joins = {}
         return out
+
+
+class _Joins:
+    """What `Outbox.deliver` may join in one gateway's records (until `take`)."""
+
+    __slots__ = ("fence", "last_to", "open")
+
+    def __init__(self) -> None:
+        # Per message object: the position of the Deliver record a later delivery of that
+        # message may join (the records keep the messages alive, so their ids stay theirs
+        # until `take`).
+        self.open: dict[int, int] = {}
+        # The first position a delivery may join: a record for no single connection (a
+        # flow change) fences everything before it.
+        self.fence = 0
+        # Per connection, the position of the last record to it.
+        self.last_to: dict[int, int] = {}
 
 
 @dataclass(eq=False)
