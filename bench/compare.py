@@ -100,12 +100,14 @@ def _version(spec: str, parent: Path) -> Path:
             elif source.exists():
                 shutil.copy2(source, target / name)
     else:
-        names = subprocess.run(
+        listing = subprocess.run(
             ["git", "-C", str(REPO), "ls-tree", "--name-only", rev],
-            check=True,
             capture_output=True,
             text=True,
-        ).stdout.split()
+        )
+        if listing.returncode != 0:
+            raise SystemExit(f"compare: {rev!r} is not a revision of this repository")
+        names = listing.stdout.split()
         archive = subprocess.run(
             ["git", "-C", str(REPO), "archive", "--format=tar", rev]
             + [n for n in _TREE_FILES if n in names],
