@@ -25,7 +25,7 @@ from mpbroker.flow import (
     expiry_policies,
     store_limits,
 )
-from mpbroker.records import Barrier, FlowState, Record, ReplayBatch, ReplayHello
+from mpbroker.records import Barrier, FlowState, Record, ReplayBatch, ReplayHello, Send
 from mpbroker.stores import TempStore, TopicStore
 
 from ._base import Pipeline
@@ -175,6 +175,14 @@ class PubSubPipeline(Pipeline):
             # the acknowledgements before it (see P2PPipeline._handle).
             self.durables.persistence.commit()
             self._write_back()
+        elif isinstance(record, Send):
+            durables = self.durables
+            topic = record.message.destination
+            if topic not in durables.unfiltered and topic not in durables.selective:
+                # No durable subscription on the topic: the live engine's alone (as
+                # Durables.handle decides, without its interpreted frames per message).
+                self.topics.handle(gateway, record)
+                return
         self.durables.handle(gateway, record)
 
     def _take_topic_effects(self) -> None:

@@ -14,7 +14,7 @@ from typing import Final, Protocol, TypeVar
 
 import msgspec
 
-from mpbroker.records import Deliver
+from mpbroker.records import Deliver, Message
 from mpbroker.session import Admission, GatewaySession, Pacer, SessionState, flow_controlled
 from mpbroker.stomp import Frame
 
@@ -43,11 +43,10 @@ DELIVER_KIND: Final = Deliver.kind
 # interpreted frame per message (this loop's module is compiled; records' is not).
 _decode_deliver: Final = msgspec.msgpack.Decoder(Deliver).decode
 
-# The MESSAGE frames of one batch's messages, per message and protocol version, so that a
-# message delivered in several records (a topic's subscribers drained one by one) is
-# encoded once. The key tells a delivery's frame from another's of the same id: ids repeat
-# across broker runs when the supervisor's pid does, the store seq and timestamp do not.
-Frames = dict[tuple[str, str, int, bool, int, int], dict[str, bytes]]
+# The MESSAGE frames of one batch's messages, per message id: the message they were made of
+# and its frame per protocol version, so that a message delivered in several records (a
+# topic's subscribers drained one by one) is encoded once.
+Frames = dict[str, tuple[Message, dict[str, bytes]]]
 
 
 class HasSession(Protocol):
@@ -79,17 +78,14 @@ def deliver_run(
             return i
         record: Deliver = _decode_deliver(payload)
         message = record.message
-        key = (
-            message.message_id,
-            message.destination,
-            message.deliveries,
-            message.redelivered,
-            message.seq,
-            message.timestamp_ms,
-        )
-        shared = frames.get(key)
-        if shared is None:
-            shared = frames[key] = {}
+        seen = frames.get(message.message_id)
+        if seen is None:
+            shared: dict[str, bytes] = {}
+            frames[message.message_id] = (message, shared)
+        elif _same_frame(seen[0], message):
+            shared = seen[1]
+        else:
+            shared = {}  # the id of another message (ids repeat across broker runs)
         for conn_id, sub in record.targets:
             conn = connections.get(conn_id)
             if conn is not None and conn.session.deliver(sub, message, shared):
@@ -127,3 +123,17 @@ def receive_run(
         if session.denial:
             return i, RUN_DENIED
     return end, RUN_DONE
+
+
+def _same_frame(first: Message, second: Message) -> bool:
+    """Whether two deliveries of one id make the same MESSAGE frame. Ids repeat across
+    broker runs when the supervisor's pid does, so a stored message may share its id with
+    a new one (the store seq and timestamp tell them apart), and a redelivered copy
+    differs in its redelivery headers."""
+    return (
+        first.seq == second.seq
+        and first.timestamp_ms == second.timestamp_ms
+        and first.deliveries == second.deliveries
+        and first.redelivered == second.redelivered
+        and first.destination == second.destination
+    )

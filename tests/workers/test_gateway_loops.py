@@ -135,6 +135,21 @@ def test_a_message_delivered_in_several_records_is_encoded_once() -> None:
     ]
     cache: Frames = {}
     assert deliver_run(batch, 0, {7: _Conn(session)}, cache, set()) == 2
-    [shared] = cache.values()
+    [(_, shared)] = cache.values()
     assert list(shared) == ["1.2"]
     assert [f.headers["subscription"] for f in frames(session)] == ["a", "b"]
+
+
+def test_another_message_with_the_same_id_gets_its_own_frame() -> None:
+    # Ids repeat across broker runs (the supervisor's pid may): a stored message and a new
+    # one, or a redelivered copy, must not be written with another's headers.
+    session = connected()
+    sub = subscribed(session, "a", ack="auto")
+    new = factories.make_message("ID-1", body=b"new", timestamp_ms=2)
+    stored = factories.make_message("ID-1", body=b"old", timestamp_ms=1)
+    again = factories.make_message("ID-1", body=b"new", timestamp_ms=2, redelivered=True)
+    batch = [encode(Deliver([(7, sub.sub)], m)) for m in (new, stored, again)]
+    assert deliver_run(batch, 0, {7: _Conn(session)}, {}, set()) == 3
+    written = frames(session)
+    assert [f.body for f in written] == [b"new", b"old", b"new"]
+    assert [f.headers.get("redelivered") for f in written] == [None, None, "true"]
