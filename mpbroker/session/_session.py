@@ -235,7 +235,11 @@ class GatewaySession:
         access: AccessControl | None = None,
     ) -> None:
         self.conn = conn
+        #: Fixed for the session's life (a reload applies to connections made after it).
         self.config = config
+        # Read by every SEND: kept here rather than looked up through the config each time.
+        self._max_message_bytes = config.memory.max_message_bytes
+        self._compress_over = config.compression.threshold_bytes
         self.topology = topology
         self.message_ids = message_ids
         self.tx_budget = tx_budget
@@ -502,7 +506,7 @@ class GatewaySession:
         headers = frame.headers
         destination = self._required(frame, "destination")
         self._permit("write", destination)
-        limit = self.config.memory.max_message_bytes
+        limit = self._max_message_bytes
         if 0 <= limit < len(frame.body):
             raise MessageTooLarge(len(frame.body), limit)
         pipeline = self._owner(destination)
@@ -516,11 +520,10 @@ class GatewaySession:
             expires = now_ms + ttl if ttl else 0
         body = frame.body
         encoding = ""
-        compression = self.config.compression
-        if 0 <= compression.threshold_bytes < len(body):
+        if 0 <= self._compress_over < len(body):
             # From here on the message is its compressed self (original kept when that
             # is not smaller): transactions, rings, stores and limits count stored bytes.
-            body, encoding = compress(body, compression.codec)
+            body, encoding = compress(body, self.config.compression.codec)
         message = Message(
             next(self.message_ids),
             destination,

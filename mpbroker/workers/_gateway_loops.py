@@ -1,21 +1,25 @@
-"""The gateway's two hottest loops: client frames into the session, Deliver records out.
+"""The gateway's hottest loops: client frames into the session, its records into the
+pipelines' rings, Deliver records out as MESSAGE frames.
 
-Every frame a client sends passes through `receive_run` and every message a gateway
-delivers through `deliver_run`. They live apart from the gateway's trio shell so that
-mypyc compiles them with the session they call (`mpbroker.native.HOT_MODULES`). Each
-handles the common case and stops where the shell must take over (a frame that may have to
-wait or be authenticated, a record of another kind); the shell handles that one in its
-place and calls again, so the order never changes.
+Every frame a client sends passes through `receive_run` and `post_run`, and every message
+a gateway delivers through `deliver_run`. They live apart from the gateway's trio shell so
+that mypyc compiles them with the session and rings they call
+(`mpbroker.native.HOT_MODULES`). Each handles the common case and stops where the shell
+must take over (a frame that may have to wait or be authenticated, a ring without room, a
+record of another kind); the shell handles that one in its place and calls again, so the
+order never changes.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sized
 from typing import Final, Protocol, TypeVar
 
 import msgspec
 
-from mpbroker.records import Deliver, Message
+from mpbroker.records import Deliver, Message, Record, encode_payload
 from mpbroker.session import Admission, GatewaySession, Pacer, SessionState, flow_controlled
+from mpbroker.shm import RingWriter
 from mpbroker.stomp import Frame
 
 __all__ = [
@@ -25,8 +29,10 @@ __all__ = [
     "RUN_REFUSED",
     "RUN_SHELL",
     "Frames",
+    "HasRing",
     "HasSession",
     "deliver_run",
+    "post_run",
     "receive_run",
 ]
 
@@ -56,7 +62,19 @@ class HasSession(Protocol):
     def session(self) -> GatewaySession: ...
 
 
+class HasRing(Protocol):
+    """What `post_run` needs of a gateway's port to a pipeline: its ring writer, the
+    records waiting for room in it, and whether records are staged and not published."""
+
+    writer: RingWriter
+    dirty: bool
+
+    @property
+    def backlog(self) -> Sized: ...
+
+
 _Conn = TypeVar("_Conn", bound=HasSession)
+_Port = TypeVar("_Port", bound=HasRing)
 
 
 def deliver_run(
@@ -137,3 +155,25 @@ def _same_frame(first: Message, second: Message) -> bool:
         and first.redelivered == second.redelivered
         and first.destination == second.destination
     )
+
+
+def post_run(routes: list[tuple[int, Record]], start: int, ports: list[_Port]) -> tuple[int, bytes]:
+    """Stage the records of `routes` from `start` on into their pipelines' rings, while the
+    port has nothing waiting and its ring has room. Returns the index of the first record
+    the shell must post itself (it queues it behind the others, or waits for room), with
+    its payload (b"" when it was not encoded); the count and b"" when all are staged. A
+    payload a full ring took in part must be continued as the same object (RingWriter.stage),
+    so the shell posts that one. The ports are left to publish."""
+    end = len(routes)
+    i = start
+    while i < end:
+        pipeline, record = routes[i]
+        port = ports[pipeline]
+        if len(port.backlog):
+            return i, b""
+        payload = encode_payload(record)
+        if not port.writer.stage(record.kind, payload):
+            return i, payload
+        port.dirty = True
+        i += 1
+    return end, b""

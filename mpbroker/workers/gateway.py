@@ -78,6 +78,7 @@ from ._gateway_loops import (
     RUN_SHELL,
     Frames,
     deliver_run,
+    post_run,
     receive_run,
 )
 from ._layout import WorkerSpec
@@ -122,9 +123,8 @@ class _Port:
         self._empty = trio.Event()
         self._empty.set()
 
-    def post(self, record: Record) -> bool:
-        """Stage `record` (or queue it behind others); True if it had to queue."""
-        kind, payload = records.encode(record)
+    def post(self, kind: int, payload: bytes) -> bool:
+        """Stage a record (or queue it behind others); True if it had to queue."""
         backlog = self.backlog
         if not backlog:
             if self.writer.stage(kind, payload):
@@ -248,10 +248,14 @@ class Gateway:
         wait for room (await their `drained` to slow the sender down)."""
         ports = self.ports
         waiting: set[_Port] = set()
-        for pipeline, record in routes:
+        # Staged in a compiled loop while the rings have room; the shell posts the rest.
+        at, payload = post_run(routes, 0, ports)
+        while at < len(routes):
+            pipeline, record = routes[at]
             port = ports[pipeline]
-            if port.post(record):
+            if port.post(record.kind, payload or records.encode_payload(record)):
                 waiting.add(port)
+            at, payload = post_run(routes, at + 1, ports)
         for port in ports:
             port.publish()
         return waiting

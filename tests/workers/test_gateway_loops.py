@@ -2,12 +2,27 @@
 
 from __future__ import annotations
 
+import os
+from collections import deque
+from collections.abc import Iterator
 from dataclasses import dataclass
+
+import pytest
 
 from mpbroker.config import Config, config_from_mapping
 from mpbroker.flow import FlowGate
-from mpbroker.records import Deliver, Receipt, Send, encode
+from mpbroker.records import (
+    ConnClosed,
+    Deliver,
+    Receipt,
+    Record,
+    Send,
+    decode,
+    encode,
+    encode_payload,
+)
 from mpbroker.session import Admission, GatewaySession, Pacer
+from mpbroker.shm import MIN_CAPACITY, Ring, RingWriter, segment_name
 from mpbroker.stomp import Frame
 from mpbroker.workers._gateway_loops import (
     RUN_DENIED,
@@ -16,6 +31,7 @@ from mpbroker.workers._gateway_loops import (
     RUN_SHELL,
     Frames,
     deliver_run,
+    post_run,
     receive_run,
 )
 from tests import factories
@@ -153,3 +169,43 @@ def test_another_message_with_the_same_id_gets_its_own_frame() -> None:
     written = frames(session)
     assert [f.body for f in written] == [b"new", b"old", b"new"]
     assert [f.headers.get("redelivered") for f in written] == [None, None, "true"]
+
+
+class _Port:
+    """A gateway port as post_run sees it: a real ring's writer, a backlog, a dirty flag."""
+
+    def __init__(self, writer: RingWriter) -> None:
+        self.writer = writer
+        self.dirty = False
+        self.backlog: deque[tuple[int, bytes]] = deque()
+
+
+@pytest.fixture
+def ring() -> Iterator[Ring]:
+    ring = Ring.create(segment_name(f"{os.getpid()}loops", "ring"), MIN_CAPACITY)
+    yield ring
+    ring.close()
+    ring.unlink()
+
+
+def test_records_are_staged_while_the_ring_has_room(ring: Ring) -> None:
+    port = _Port(ring.writer())
+    routes: list[tuple[int, Record]] = [(0, ConnClosed(1)), (0, ConnClosed(2))]
+    assert post_run(routes, 0, [port]) == (2, b"")
+    assert port.dirty
+    port.writer.publish()
+    assert [decode(k, p) for k, p in ring.reader().read_batch()] == [ConnClosed(1), ConnClosed(2)]
+
+
+def test_a_port_with_records_waiting_leaves_the_rest_to_the_shell(ring: Ring) -> None:
+    port = _Port(ring.writer())
+    port.backlog.append((ConnClosed.kind, b"earlier"))
+    assert post_run([(0, ConnClosed(1))], 0, [port]) == (0, b"")
+    assert not port.dirty
+
+
+def test_a_full_ring_hands_the_shell_the_payload_it_may_have_begun(ring: Ring) -> None:
+    port = _Port(ring.writer())
+    big = Send(1, factories.make_message(body=b"x" * (MIN_CAPACITY // 2)))
+    at, payload = post_run([(0, big), (0, big), (0, big)], 0, [port])
+    assert (at, payload) == (1, encode_payload(big))
