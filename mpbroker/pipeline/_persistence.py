@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
+from typing import Final
 
 import msgspec
 
@@ -37,12 +38,29 @@ def refuse_unstored(outbox: Outbox, batch: Sequence[tuple[int, Send]], exc: Stor
         )
 
 
+# Paged messages read back with the one being delivered (MessageStore.read_ahead), and the
+# most body bytes those may hold together: the read-ahead is outside the index cache's
+# accounting, so it stays small.
+READ_AHEAD_MESSAGES: Final = 64
+READ_AHEAD_BYTES: Final = 256 * 1024
+
+
 def index_cache(store: MessageStore, config: Config) -> IndexCache:
     """Waiting messages beyond the index cache keep only their index entry in memory; the
-    store gives the rest back at delivery."""
+    store gives the rest back at delivery, reading ahead: a queue delivers its backlog in
+    seq order, so the next messages are read with the first, and one query serves many
+    deliveries. What was read ahead is dropped at the first message asked for that was not."""
+    ahead: dict[int, Message] = {}
 
     def load(seq: int) -> Message:
-        return store.read(seq).message
+        message = ahead.pop(seq, None)
+        if message is not None:
+            return message
+        ahead.clear()
+        first, *rest = store.read_ahead(seq, READ_AHEAD_MESSAGES, READ_AHEAD_BYTES)
+        for stored in rest:
+            ahead[stored.seq] = stored.message
+        return first.message
 
     settings = config.store
     return IndexCache(load, settings.index_cache_entries, settings.index_cache_bytes)

@@ -694,6 +694,36 @@ class MessageStore:
             raise StoreError(seg.path, "read", sqlite_detail(exc)) from exc
         return self._stored(row)
 
+    def read_ahead(self, seq: int, max_messages: int, max_bytes: int) -> list[StoredMessage]:
+        """Live message `seq` and the live ones after it in its segment, in seq order: at
+        most `max_messages`, and past the first only while their bodies stay within
+        `max_bytes` together. One query where `read` would make one per message (a queue
+        draining its paged backlog reads its messages in this order). KeyError when `seq`
+        is unknown or settled."""
+        self._ensure_open("read_ahead()")
+        seg = self._owner(seq)
+        if seg is None or seq not in seg.live:
+            raise KeyError(seq)
+        live = seg.live
+        found: list[StoredMessage] = []
+        total = 0
+        try:
+            # Seqs are the table's key: a range of them is one index walk.
+            cursor = seg.conn.execute(
+                _SELECT_MESSAGE + " WHERE seq >= ? AND seq < ? ORDER BY seq",
+                (seq, seq + max_messages),
+            )
+            for row in cursor:
+                if row[0] not in live:
+                    continue  # settled, its row not yet deleted
+                total += len(row[4])
+                if found and total > max_bytes:
+                    break
+                found.append(self._stored(row))
+        except sqlite3.Error as exc:
+            raise StoreError(seg.path, "read", sqlite_detail(exc)) from exc
+        return found
+
     def expired(self, now_ms: int, limit: int) -> list[int]:
         """Seqs of live messages with 0 < expires_ms <= now_ms (at most `limit`), oldest
         segment first."""

@@ -21,7 +21,7 @@ from mpbroker.records import (
     Send,
     Subscribe,
 )
-from mpbroker.stores import MessageStore, StoreError
+from mpbroker.stores import MessageStore, StoredMessage, StoreError
 from tests.factories import make_message
 
 
@@ -162,3 +162,25 @@ def test_a_nack_whose_delivery_count_cannot_be_stored_gets_an_error(
     assert refusal.message.startswith("NACK not stored: store error: record_delivery: ")
     assert engine.queues["/queue/q"].held_messages == 1  # given back once, not twice
     persistence.store.close()
+
+
+def test_paged_messages_are_read_back_many_at_a_time_in_seq_order(tmp_path: Path) -> None:
+    config = Config()
+    with MessageStore.open(tmp_path / "p2p-0", config.store) as store:
+        seqs = store.append([make_message(f"m{n}", persistent=True) for n in range(200)])
+        queries: list[int] = []
+        read_ahead = store.read_ahead
+
+        def counted(seq: int, max_messages: int, max_bytes: int) -> list[StoredMessage]:
+            queries.append(seq)
+            return read_ahead(seq, max_messages, max_bytes)
+
+        store.read_ahead = counted  # type: ignore[method-assign]
+        load = index_cache(store, config).load
+        # A backlog delivered in order: one query per READ_AHEAD_MESSAGES.
+        assert [load(seq).message_id for seq in seqs[:130]] == [f"m{n}" for n in range(130)]
+        assert queries == [seqs[0], seqs[64], seqs[128]]
+        # Out of order (a redelivery, a higher priority): read again; the rest is dropped.
+        assert load(seqs[5]).message_id == "m5"
+        assert load(seqs[131]).message_id == "m131"
+        assert queries[3:] == [seqs[5], seqs[131]]

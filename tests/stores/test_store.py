@@ -47,6 +47,31 @@ def test_append_live_round_trip(tmp_path: Path) -> None:
         assert store.append([msg(3)]) == [3]  # seqs continue after a reopen
 
 
+def test_read_ahead_gives_the_live_messages_from_a_seq_on_within_its_limits(
+    tmp_path: Path,
+) -> None:
+    with open_store(tmp_path) as store:
+        seqs = store.append([msg(i, body=b"x" * 100) for i in range(10)])
+        store.settle([seqs[2], seqs[3]], "acked", at_ms=10)
+        got = store.read_ahead(seqs[1], 5, 10_000)
+        # Settled ones are skipped; the range is the seqs from the first (5 of them).
+        assert [g.seq for g in got] == [seqs[1], seqs[4], seqs[5]]
+        assert got == [store.read(g.seq) for g in got]
+        # Past the first, only while the bodies fit: the first always comes.
+        assert [g.seq for g in store.read_ahead(seqs[4], 10, 250)] == [seqs[4], seqs[5]]
+        assert [g.seq for g in store.read_ahead(seqs[4], 10, 0)] == [seqs[4]]
+        with pytest.raises(KeyError):
+            store.read_ahead(seqs[2], 5, 10_000)
+
+
+def test_read_ahead_stays_in_the_segment_of_its_seq(tmp_path: Path) -> None:
+    with open_store(tmp_path, TINY) as store:
+        seqs = [store.append([msg(i, body=b"x" * 1500)])[0] for i in range(6)]
+        assert len(store.segments()) > 2
+        got = store.read_ahead(seqs[0], 64, 1 << 20)
+        assert [g.seq for g in got] == seqs[: len(got)] and len(got) < len(seqs)
+
+
 def test_live_orders_by_priority_then_seq(tmp_path: Path) -> None:
     with open_store(tmp_path, TINY) as store:
         prios = [4, 9, 0, 4, 9, 7, 0, 4]
