@@ -432,17 +432,19 @@ class TopicEngine(Engine):
             # Backlogs whose windows got room in this batch are not drained yet: a stop
             # judged on them now could be one that draining at once never armed.
             self._drain_together()
-        before = self.global_live.armed or self.global_live_bytes.armed
-        self.global_live.update(self.live_total)
-        self.global_live_bytes.update(self.live_bytes)
-        reason = self._global_reason()
-        if bool(reason) != before:
-            self._effects.flow_changes.append(FlowChange("", reason))
+        count_level, bytes_level = self.global_live, self.global_live_bytes
+        before = count_level.armed or bytes_level.armed
+        # (Each publish comes here: the reason, a string, is made only when a level moved.)
+        moved = count_level.update(self.live_total) is not None
+        if bytes_level.update(self.live_bytes) is not None or moved:
+            reason = self._global_reason()
+            if bool(reason) != before:
+                self._effects.flow_changes.append(FlowChange("", reason))
         level = self.live_levels.get(topic)
         if level is None and not self.topics.get(topic):
             return
         judged = self.backlogged.get(topic, ()) if level is not None or grown is None else grown
-        deepest = max((len(c.pending) for c in judged), default=0)
+        deepest = _deepest(judged)
         if level is None:
             mark = self.live_mark_for(topic)
             if not mark.enabled or deepest < mark.high:
@@ -457,17 +459,15 @@ class TopicEngine(Engine):
 
     def _may_arm(self, topic: str, grown: Iterable[Consumer] | None) -> bool:
         """Whether judging the live buffer now could arm a stop (see `_check_live`)."""
-        for level, value in (
-            (self.global_live, self.live_total),
-            (self.global_live_bytes, self.live_bytes),
+        if _may_arm(self.global_live, self.live_total) or _may_arm(
+            self.global_live_bytes, self.live_bytes
         ):
-            if not level.armed and level.mark.enabled and value >= level.mark.high:
-                return True
+            return True
         if topic in self.live_levels or not self.topics.get(topic):
             return False  # armed already, or no subscriber
         judged = self.backlogged.get(topic, ()) if grown is None else grown
         mark = self.live_mark_for(topic)
-        return mark.enabled and max((len(c.pending) for c in judged), default=0) >= mark.high
+        return mark.enabled and _deepest(judged) >= mark.high
 
     # -- flow-to-disk ----------------------------------------------------------------------
 
@@ -649,3 +649,18 @@ class TopicEngine(Engine):
                 del self.topics[topic]
         for topic in {c.destination for c in consumers}:
             self._check_live(topic, ())
+
+
+def _may_arm(level: Level, value: int) -> bool:
+    """Whether `value` would arm `level`, not armed yet."""
+    return not level.armed and level.mark.enabled and value >= level.mark.high
+
+
+def _deepest(consumers: Iterable[Consumer]) -> int:
+    """The longest backlog among `consumers` (0 for none). A loop: every publish asks."""
+    deepest = 0
+    for consumer in consumers:
+        waiting = len(consumer.pending)
+        if waiting > deepest:
+            deepest = waiting
+    return deepest
