@@ -11,7 +11,12 @@ import os
 
 import psutil
 
-__all__ = ["listening_server_pid", "process_memory", "tree_cpu_seconds", "tree_memory_bytes"]
+__all__ = [
+    "listening_server_pid",
+    "process_memory",
+    "tree_cpu_by_process",
+    "tree_memory_bytes",
+]
 
 # What mpbroker's processes call themselves (setproctitle): the supervisor is the root.
 _OUR_TITLE = "mpbroker: "
@@ -38,20 +43,45 @@ def _children(pid: int) -> list[int]:
         return []
 
 
-def tree_cpu_seconds(pid: int) -> float | None:
-    """User + system CPU seconds of ``pid`` and every live descendant; None if unreadable.
+def tree_cpu_by_process(pid: int) -> dict[str, float] | None:
+    """User + system CPU seconds of ``pid`` and every live descendant, process by process:
+    mpbroker's named by their role ("gateway 0", "p2p 0": their title without "mpbroker:
+    "), others by command name and pid ("java 4242"). None if ``pid`` is unreadable.
 
     Descendants that already exited are not counted (their time moves to the parent's
     ``cutime`` only once reaped), so sample while the processes of interest run.
     """
+    found: dict[str, float] = {}
+    if not _add_cpu(pid, found):
+        return None
+    return found
+
+
+def _add_cpu(pid: int, found: dict[str, float]) -> bool:
     fields = _stat_fields(pid)
     if fields is None:
-        return None
+        return False
     # After the command: state is field 3, so utime (14) and stime (15) are at 11 and 12.
-    total = (int(fields[11]) + int(fields[12])) / _TICKS_PER_S
+    name = _process_name(pid)
+    if name in found:
+        name = f"{name} {pid}"
+    found[name] = (int(fields[11]) + int(fields[12])) / _TICKS_PER_S
     for child in _children(pid):
-        total += tree_cpu_seconds(child) or 0.0
-    return total
+        _add_cpu(child, found)
+    return True
+
+
+def _process_name(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            title = f.read().replace(b"\0", b" ").decode(errors="replace").strip()
+        with open(f"/proc/{pid}/comm", encoding="utf-8", errors="replace") as f:
+            command = f.read().strip()
+    except OSError:
+        return f"pid {pid}"
+    if title.startswith(_OUR_TITLE):
+        return title.removeprefix(_OUR_TITLE)
+    return f"{command} {pid}"
 
 
 def tree_memory_bytes(pid: int) -> int | None:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import statistics
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from .scenario import Scenario
@@ -63,6 +63,9 @@ class RunResult:
     #: Memory of the server and its child processes once every delivery arrived (summed
     #: PSS; None as for ``server_cpu_s``).
     server_memory_bytes: int | None = None
+    #: ``server_cpu_s`` by process (mpbroker's by role: "gateway 0", "p2p 0"), for those
+    #: that ran from the start of the run to its end.
+    server_cpu_by_process: dict[str, float] = field(default_factory=dict)
     #: Consumer socket reads that brought messages (see :attr:`messages_per_read`).
     consumer_reads: int = 0
 
@@ -92,6 +95,16 @@ class RunResult:
         if self.server_cpu_s is None or not self.received:
             return None
         return self.server_cpu_s / self.received * 1e6
+
+    @property
+    def server_us_per_delivery_by_process(self) -> dict[str, float]:
+        """`server_us_per_delivery` of each server process (those using any CPU), the
+        busiest first: where the broker's time goes."""
+        if not self.received:
+            return {}
+        busy = [(name, s) for name, s in self.server_cpu_by_process.items() if s > 0]
+        busy.sort(key=lambda item: -item[1])
+        return {name: seconds / self.received * 1e6 for name, seconds in busy}
 
     @property
     def sent_rate(self) -> float:
@@ -142,6 +155,9 @@ class RunResult:
                 if self.server_memory_bytes is None
                 else round(self.server_memory_bytes / 2**20, 1)
             ),
+            "server_us_per_delivery_by_process": {
+                name: round(us, 2) for name, us in self.server_us_per_delivery_by_process.items()
+            },
             "messages_per_read": round(self.messages_per_read, 1),
             "errors": list(self.errors),
             "aborted": self.aborted,
@@ -226,6 +242,10 @@ def format_table(runs: Sequence[RunResult]) -> str:
     for run in runs:
         verdict = "ok" if run.ok else "FAILED"
         out.append(f"{run.server}: {verdict}: {run.check.summary()}; {_cpu_summary(run)}")
+        by_process = run.server_us_per_delivery_by_process
+        if len(by_process) > 1:
+            parts = ", ".join(f"{name} {us:.2f}" for name, us in by_process.items())
+            out.append(f"{run.server}: server us/delivery by process: {parts}")
         if run.aborted:
             out.append(f"{run.server}: aborted: {run.aborted}")
         out += [f"{run.server}: error: {error}" for error in run.errors]

@@ -31,7 +31,7 @@ from .control import (
     Ready,
     WorkerMessage,
 )
-from .cpu import tree_cpu_seconds, tree_memory_bytes
+from .cpu import tree_cpu_by_process, tree_memory_bytes
 from .producer import producer_main
 from .report import RunResult
 from .scenario import Scenario
@@ -83,8 +83,10 @@ class ProcessRun(ABC, Generic[ResultT]):
         self.ready: set[tuple[str, int]] = set()
         self.producer_results: dict[int, ProducerResult] = {}
         self.consumer_results: dict[int, ConsumerResult] = {}
-        self.server_cpu_start: float | None = None
+        self.server_cpu_start: dict[str, float] | None = None
         self.server_cpu_s: float | None = None
+        # Per process of the server, the CPU seconds of those that ran all the run through.
+        self.server_cpu_by_process: dict[str, float] = {}
         self.server_memory_bytes: int | None = None
         self.started = time.monotonic()
 
@@ -110,8 +112,14 @@ class ProcessRun(ABC, Generic[ResultT]):
                 self.control.start.set()
                 self._watch()
                 end = self._server_cpu()
-                if end is not None and self.server_cpu_start is not None:
-                    self.server_cpu_s = end - self.server_cpu_start
+                start = self.server_cpu_start
+                if end is not None and start is not None:
+                    self.server_cpu_s = sum(end.values()) - sum(start.values())
+                    self.server_cpu_by_process = {
+                        name: seconds - start[name]
+                        for name, seconds in end.items()
+                        if name in start
+                    }
                 # Once every delivery arrived, before the clients go: what the server
                 # holds for the load it just carried.
                 if self.server_pid is not None:
@@ -215,8 +223,8 @@ class ProcessRun(ABC, Generic[ResultT]):
 
     # -- helpers ---------------------------------------------------------------------------
 
-    def _server_cpu(self) -> float | None:
-        return None if self.server_pid is None else tree_cpu_seconds(self.server_pid)
+    def _server_cpu(self) -> dict[str, float] | None:
+        return None if self.server_pid is None else tree_cpu_by_process(self.server_pid)
 
     def _take_messages(self, timeout_s: float) -> None:
         """Handle what processes reported, waiting up to ``timeout_s`` for the first."""
@@ -324,5 +332,6 @@ class _Run(ProcessRun[RunResult]):
             consumer_cpu_s=sum(r.cpu_s for r in self.consumer_results.values()),
             server_cpu_s=self.server_cpu_s,
             server_memory_bytes=self.server_memory_bytes,
+            server_cpu_by_process=self.server_cpu_by_process,
             consumer_reads=sum(r.reads for r in self.consumer_results.values()),
         )

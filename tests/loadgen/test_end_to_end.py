@@ -124,8 +124,14 @@ def test_against_a_running_broker_its_cpu_is_found_by_its_port(
     )
     now_mib = (tree_memory_bytes(broker.pid) or 0) / 2**20
     assert run["server_memory_mib"] > 10 and now_mib / 2 < run["server_memory_mib"] < now_mib * 2
+    # And by process: the broker's by their roles, the busiest first, adding up.
+    by_process = run["server_us_per_delivery_by_process"]
+    assert "p2p 0" in by_process and ("gateway 0" in by_process or "gateway 1" in by_process)
+    assert list(by_process.values()) == sorted(by_process.values(), reverse=True)
+    assert sum(by_process.values()) == pytest.approx(run["server_us_per_delivery"], abs=0.1)
     code, out, err = _bench("--port", str(broker.port), "--count", "2000")
     assert code == 0, err
     assert re.search(r"server \S+ CPU-s \(\S+ us/delivery\).*server memory \d+ MiB", out), out
+    assert re.search(r"server us/delivery by process: .*p2p 0 \d+\.\d\d", out), out
     with socket.create_server(("127.0.0.1", 0)) as listener:  # anyone's listener: itself
         assert listening_server_pid(listener.getsockname()[1]) == os.getpid()
