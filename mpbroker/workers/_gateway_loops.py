@@ -56,7 +56,7 @@ Frames = dict[str, tuple[Message, dict[str, bytes]]]
 
 
 class HasSession(Protocol):
-    """What the loop needs of a gateway's connection: its session."""
+    """What `deliver_run` needs of a gateway's connection: its session."""
 
     @property
     def session(self) -> GatewaySession: ...
