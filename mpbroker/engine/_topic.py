@@ -459,7 +459,7 @@ class TopicEngine(Engine):
 
     def _may_arm(self, topic: str, grown: Iterable[Consumer] | None) -> bool:
         """Whether judging the live buffer now could arm a stop (see `_check_live`)."""
-        if _may_arm(self.global_live, self.live_total) or _may_arm(
+        if _would_arm(self.global_live, self.live_total) or _would_arm(
             self.global_live_bytes, self.live_bytes
         ):
             return True
@@ -651,7 +651,7 @@ class TopicEngine(Engine):
             self._check_live(topic, ())
 
 
-def _may_arm(level: Level, value: int) -> bool:
+def _would_arm(level: Level, value: int) -> bool:
     """Whether `value` would arm `level`, not armed yet."""
     return not level.armed and level.mark.enabled and value >= level.mark.high
 

@@ -75,13 +75,12 @@ def _process_name(pid: int) -> str:
     try:
         with open(f"/proc/{pid}/cmdline", "rb") as f:
             title = f.read().replace(b"\0", b" ").decode(errors="replace").strip()
+        if title.startswith(_OUR_TITLE):
+            return title.removeprefix(_OUR_TITLE)
         with open(f"/proc/{pid}/comm", encoding="utf-8", errors="replace") as f:
-            command = f.read().strip()
+            return f"{f.read().strip()} {pid}"
     except OSError:
         return f"pid {pid}"
-    if title.startswith(_OUR_TITLE):
-        return title.removeprefix(_OUR_TITLE)
-    return f"{command} {pid}"
 
 
 def tree_memory_bytes(pid: int) -> int | None:

@@ -684,10 +684,7 @@ class MessageStore:
 
     def read(self, seq: int) -> StoredMessage:
         """One live message; KeyError when `seq` is unknown or settled."""
-        self._ensure_open("read()")
-        seg = self._owner(seq)
-        if seg is None or seq not in seg.live:
-            raise KeyError(seq)
+        seg = self._live_segment(seq, "read()")
         try:
             row = seg.conn.execute(_SELECT_MESSAGE + " WHERE seq = ?", (seq,)).fetchone()
         except sqlite3.Error as exc:
@@ -700,10 +697,7 @@ class MessageStore:
         `max_bytes` together. One query where `read` would make one per message (a queue
         draining its paged backlog reads its messages in this order). KeyError when `seq`
         is unknown or settled."""
-        self._ensure_open("read_ahead()")
-        seg = self._owner(seq)
-        if seg is None or seq not in seg.live:
-            raise KeyError(seq)
+        seg = self._live_segment(seq, "read_ahead()")
         live = seg.live
         found: list[StoredMessage] = []
         total = 0
@@ -723,6 +717,14 @@ class MessageStore:
         except sqlite3.Error as exc:
             raise StoreError(seg.path, "read", sqlite_detail(exc)) from exc
         return found
+
+    def _live_segment(self, seq: int, operation: str) -> Segment:
+        """The segment holding live message `seq`; KeyError when it is unknown or settled."""
+        self._ensure_open(operation)
+        seg = self._owner(seq)
+        if seg is None or seq not in seg.live:
+            raise KeyError(seq)
+        return seg
 
     def expired(self, now_ms: int, limit: int) -> list[int]:
         """Seqs of live messages with 0 < expires_ms <= now_ms (at most `limit`), oldest
