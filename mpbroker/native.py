@@ -31,6 +31,7 @@ HOT_MODULES: tuple[str, ...] = (
     "mpbroker.engine._pending",
     "mpbroker.engine._queue",
     "mpbroker.engine._topic",
+    "mpbroker.engine._totals",
     "mpbroker.shm._ring",
     "mpbroker.shm._doorbell",
     "mpbroker.shm._control",

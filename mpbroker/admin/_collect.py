@@ -7,7 +7,7 @@ goes to the block's spill file (`mpbroker.shm.StatsBlock`), so nothing is cut he
 
 from __future__ import annotations
 
-from mpbroker.engine import Engine, QueueEngine, TopicEngine
+from mpbroker.engine import STOPS, Engine, QueueEngine, TopicEngine
 from mpbroker.flow import FlowTracker, StoreLimits
 from mpbroker.records import ACK_MODES
 
@@ -65,9 +65,27 @@ def _global_figures(tracked: _Tracked) -> dict[str, GlobalStoreFigures]:
             global_byte_high=tracker.limits.global_bytes.high,
             global_byte_low=tracker.limits.global_bytes.low,
             stopped=stopped.get("", ""),
+            stops=tracker.stops.get("", 0),
         )
         for store, tracker, stopped in tracked
     }
+
+
+def _totals(name: str, engine: Engine, tracked: _Tracked) -> tuple[int, int, int, int, int]:
+    """(enqueued, dequeued, expired, dead_lettered, stops) of a destination: the engine's
+    counts, with the stops of its stores' watermarks added to its own (a topic's live
+    buffer)."""
+    enqueued, dequeued, expired, dead_lettered, stops = engine.totals.of(name)
+    for _, tracker, _ in tracked:
+        stops += tracker.stops.get(name, 0)
+    return enqueued, dequeued, expired, dead_lettered, stops
+
+
+def _forget_gone(engine: Engine, tracked: _Tracked, existing: set[str]) -> None:
+    """Bound the totals kept for destinations that are gone (see DestinationTotals)."""
+    engine.totals.prune(existing)
+    for _, tracker, _ in tracked:
+        tracker.prune_stops(existing)
 
 
 def _consumers(*engines: Engine) -> list[ConsumerRow]:
@@ -103,16 +121,24 @@ def queue_worker_stats(
     """Every queue: waiting and unacknowledged messages, and per store its counts,
     watermarks and stop; the stores' global counts and stops; every consumer."""
     tracked = _tracked(trackers)
-    rows = [
-        QueueRow(
-            name=name,
-            waiting=len(queue.pending),
-            unacknowledged=queue.held_messages - len(queue.pending),
-            consumers=len(queue.consumers),
-            stores=_store_figures(name, tracked),
+    rows = []
+    for name, queue in sorted(engine.queues.items()):
+        enqueued, dequeued, expired, dead_lettered, stops = _totals(name, engine, tracked)
+        rows.append(
+            QueueRow(
+                name=name,
+                waiting=len(queue.pending),
+                unacknowledged=queue.held_messages - len(queue.pending),
+                consumers=len(queue.consumers),
+                stores=_store_figures(name, tracked),
+                enqueued=enqueued,
+                dequeued=dequeued,
+                expired=expired,
+                dead_lettered=dead_lettered,
+                stops=stops,
+            )
         )
-        for name, queue in sorted(engine.queues.items())
-    ]
+    _forget_gone(engine, tracked, set(engine.queues))
     return QueueWorkerStats(
         title=title,
         pid=pid,
@@ -151,6 +177,7 @@ def topic_worker_stats(
     for name in sorted(names):
         subscribers = engine.topics.get(name, [])
         mark = engine.live_mark_for(name)
+        enqueued, dequeued, expired, dead_lettered, stop_count = _totals(name, engine, tracked)
         rows.append(
             TopicRow(
                 name=name,
@@ -162,8 +189,15 @@ def topic_worker_stats(
                 live_msg_low=mark.low,
                 stopped=stops.get(name, ""),
                 stores=_store_figures(name, tracked),
+                unacknowledged=sum(len(c.unacked) for c in subscribers),
+                enqueued=enqueued,
+                dequeued=dequeued,
+                expired=expired,
+                dead_lettered=dead_lettered,
+                stops=stop_count,
             )
         )
+    _forget_gone(engine, tracked, names)
     stores = _global_figures(tracked)
     # The live buffer (slow subscribers' backlogs) as one more global row.
     stores["topics (live)"] = GlobalStoreFigures(
@@ -174,6 +208,7 @@ def topic_worker_stats(
         global_byte_high=engine.global_live_bytes.mark.high,
         global_byte_low=engine.global_live_bytes.mark.low,
         stopped=stops.get("", ""),
+        stops=engine.totals.of("")[STOPS],
     )
     return TopicWorkerStats(
         title=title,

@@ -78,6 +78,7 @@ class GlobalStoreFigures(_Snapshot, frozen=True):
         global_msg_high, global_msg_low: the store's message watermarks (-1: off).
         global_byte_high, global_byte_low: its byte watermarks (-1: off).
         stopped: the limit that stops every producer to the store now ("" when none).
+        stops: times its global limits stopped every producer, since the worker started.
     """
 
     messages: int
@@ -87,6 +88,7 @@ class GlobalStoreFigures(_Snapshot, frozen=True):
     global_byte_high: int
     global_byte_low: int
     stopped: str
+    stops: int = 0
 
 
 class QueueRow(_Snapshot, frozen=True, tag_field="kind", tag="queue"):
@@ -98,6 +100,14 @@ class QueueRow(_Snapshot, frozen=True, tag_field="kind", tag="queue"):
         unacknowledged: messages delivered and not yet acknowledged.
         consumers: subscriptions to it.
         stores: per store (vol_queue_store, pers_queue_store) what it holds there.
+        enqueued: messages sent to it since its worker started (dead-letter copies
+            included).
+        dequeued: messages acknowledged by its consumers (auto mode: written to them).
+        expired: messages whose time was up before they were consumed.
+        dead_lettered: messages moved to its dead-letter queue.
+        stops: times its producers were stopped by flow control.
+            (These five count since the worker started, and carry on while the
+            destination is idle; left out of the JSON while they are 0.)
         worker: in `FlowView` only: the worker that owns it.
     """
 
@@ -106,6 +116,11 @@ class QueueRow(_Snapshot, frozen=True, tag_field="kind", tag="queue"):
     unacknowledged: int
     consumers: int
     stores: dict[str, StoreFigures]
+    enqueued: int = 0
+    dequeued: int = 0
+    expired: int = 0
+    dead_lettered: int = 0
+    stops: int = 0
     worker: str | None = None
 
 
@@ -120,6 +135,16 @@ class TopicRow(_Snapshot, frozen=True, tag_field="kind", tag="topic"):
         live_msg_high, live_msg_low: the live buffer's watermarks for it (-1: off).
         stopped: the live-buffer limit that stops its publishers now ("" when none).
         stores: what its durable subscriptions' backlog holds in the topic store.
+        unacknowledged: deliveries in its subscribers' windows, not yet acknowledged.
+        enqueued: messages published to it since its worker started (dead-letter copies
+            included).
+        dequeued: deliveries acknowledged by its subscribers (auto mode: written to them).
+        expired: backlog entries whose time was up (a message once per subscriber it
+            waited for).
+        dead_lettered: always 0 (a topic has no dead-letter queue).
+        stops: times its producers were stopped by flow control.
+            (These five count since the worker started, and carry on while the
+            destination is idle; left out of the JSON while they are 0.)
         worker: in `FlowView` only: the worker that owns it.
     """
 
@@ -130,6 +155,12 @@ class TopicRow(_Snapshot, frozen=True, tag_field="kind", tag="topic"):
     live_msg_low: int
     stopped: str
     stores: dict[str, StoreFigures]
+    unacknowledged: int = 0
+    enqueued: int = 0
+    dequeued: int = 0
+    expired: int = 0
+    dead_lettered: int = 0
+    stops: int = 0
     worker: str | None = None
 
 
@@ -174,12 +205,18 @@ class DurableRow(_Snapshot, frozen=True):
         topic: what it subscribes to.
         state: "live" (its subscriber is connected and caught up), "replaying" (its
             subscriber is connected and receives its stored backlog) or "inactive".
+        kept: non-persistent messages kept for it in memory (or the temp store) while
+            its subscriber is away or replaying; its stored (persistent) backlog is in
+            the replay worker's `backlogs`.
+        unacknowledged: messages delivered to its subscriber and not yet acknowledged.
         worker: in `FlowView` only: the worker that holds it.
     """
 
     name: str
     topic: str
     state: str
+    kept: int = 0
+    unacknowledged: int = 0
     worker: str | None = None
 
 
@@ -249,6 +286,13 @@ class GatewayStats(_Snapshot, frozen=True, tag_field="role", tag="gateway"):
             for another connection's SEND, since it started.
         transactions_timed_out: rolled back by `transactions.timeout_ms`, since it started.
             (These four are left out of the JSON while they are 0.)
+        connections_accepted: connections it served since it started (past the limits
+            and the TLS handshake).
+        connections_refused: connections it refused since it started, by kind:
+            max_connections, max_connections_connecting, max_connections_per_address,
+            shutting_down, tls_handshake, authentication (a CONNECT whose login failed).
+        frames_in, frames_out: STOMP frames read from and written to clients since it
+            started (heart-beats are not frames).
     """
 
     title: str
@@ -263,6 +307,10 @@ class GatewayStats(_Snapshot, frozen=True, tag_field="role", tag="gateway"):
     transactions_bytes: int = 0
     transactions_discarded: int = 0
     transactions_timed_out: int = 0
+    connections_accepted: int = 0
+    connections_refused: dict[str, int] = msgspec.field(default_factory=dict)
+    frames_in: int = 0
+    frames_out: int = 0
 
 
 class _PipelineStats(_Snapshot, frozen=True):
@@ -332,6 +380,10 @@ class ReplayStats(_Snapshot, frozen=True, tag_field="role", tag="replay"):
         waiting_for_a_place: those waiting for one (`replay.max_concurrent`).
         in_flight_bytes: replayed bytes not yet taken by their owners.
         batches, messages: replayed so far.
+        backlogs: per durable subscription of the partitions it serves, the stored
+            messages it still owes an ack for (read every `BACKLOG_PERIOD_MS`; a
+            subscription that owes none is left out).
+        backlogs_at_ms: when `backlogs` was read (None before the first reading).
         publish_ms: how long its previous snapshot took to build and publish.
         error: set when the snapshot could not be published whole (its lists are empty).
     """
@@ -344,6 +396,8 @@ class ReplayStats(_Snapshot, frozen=True, tag_field="role", tag="replay"):
     in_flight_bytes: int
     batches: int
     messages: int
+    backlogs: dict[str, int] = msgspec.field(default_factory=dict)
+    backlogs_at_ms: int | None = None
     publish_ms: float | None = None
     error: str | None = None
 

@@ -9,6 +9,7 @@ spill file when it is larger; at most `admin.stats_interval_ms` old) and the con
   watermarks and stops, the global stops, the producers held and for how long, every
   consumer's window and `ready: yes/no`, the durable subscriptions.
   `?offset=N&limit=M` pages its long lists (`FlowView`).
+- `GET /metrics`: the status in the Prometheus text format (`metrics`).
 
 With a users file, every request needs HTTP Basic credentials of a user in group `admin`
 (`access.AdminGuard`); the Host header is checked first (DNS rebinding), so a page that
@@ -27,6 +28,7 @@ from urllib.parse import parse_qs, urlsplit
 
 import msgspec
 
+from mpbroker import __version__
 from mpbroker.clock import epoch_ms
 from mpbroker.logs import client_text, log_collapsed
 from mpbroker.security import User
@@ -60,6 +62,7 @@ from ._snapshots import (
     encode,
 )
 from .access import CHALLENGE, Access, AdminGuard
+from .metrics import CONTENT_TYPE, SeriesCap, exposition
 
 __all__ = [
     "LOCAL_NAMES",
@@ -236,7 +239,9 @@ class AdminServer:
     """The HTTP server of the admin API, in a thread; `status` makes the status page.
     `names`: what the Host header may say (`allowed_names`); other requests get 403.
     `users`: the users file's users (None: there is none, and no request needs
-    credentials); `use_users` swaps in those read again on SIGHUP."""
+    credentials); `use_users` swaps in those read again on SIGHUP.
+    `metrics_max_destinations`: destinations (and durable subscriptions) with series of
+    their own in `GET /metrics`."""
 
     def __init__(
         self,
@@ -245,12 +250,21 @@ class AdminServer:
         status: Callable[[], StatusView],
         names: frozenset[str] = LOCAL_NAMES,
         users: dict[str, User] | None = None,
+        metrics_max_destinations: int = 1000,
     ) -> None:
         views: dict[str, Callable[[Page], StatusView | FlowView]] = {
             "/status": lambda page: status(),
             "/flow": lambda page: flow_view(status(), page),
         }
         self.guard = guard = AdminGuard(users)
+        # Scrapes may come at once (a thread each); the caps remember what they admitted.
+        metrics_lock = threading.Lock()
+        destination_cap = SeriesCap(metrics_max_destinations)
+        subscription_cap = SeriesCap(metrics_max_destinations)
+
+        def metrics() -> bytes:
+            with metrics_lock:
+                return exposition(status(), destination_cap, subscription_cap, __version__)
 
         class Handler(BaseHTTPRequestHandler):
             # A client that opens a connection and sends nothing does not keep a thread.
@@ -282,9 +296,13 @@ class AdminServer:
                     self._refuse(access)
                     return
                 url = urlsplit(self.path)
+                if url.path == "/metrics":
+                    self._metrics(url.query)
+                    return
                 view = views.get(url.path)
                 if view is None:
-                    self._reply(404, {"error": f"no such page {self.path!r}", "pages": [*views]})
+                    pages = [*views, "/metrics"]
+                    self._reply(404, {"error": f"no such page {self.path!r}", "pages": pages})
                     return
                 try:
                     page = page_of(parse_qs(url.query, keep_blank_values=True))
@@ -296,6 +314,20 @@ class AdminServer:
                 except Exception as exc:  # never take the supervisor down with a page
                     log.exception("admin page %s failed", client_text(self.path))
                     self._reply(500, {"error": str(exc)})
+
+            def _metrics(self, query: str) -> None:
+                if query:
+                    # Nothing is ignored: /metrics takes no parameters.
+                    name = next(iter(parse_qs(query, keep_blank_values=True)), query)
+                    self._reply(400, {"error": f"unknown parameter {name!r} (/metrics takes none)"})
+                    return
+                try:
+                    text = metrics()
+                except Exception as exc:  # never take the supervisor down with a page
+                    log.exception("admin page /metrics failed")
+                    self._reply(500, {"error": str(exc)})
+                    return
+                self._reply(200, text, content_type=CONTENT_TYPE)
 
             def _read_only(self) -> None:
                 # Anything but GET: a JSON answer like every other (BaseHTTPRequestHandler's
@@ -335,12 +367,13 @@ class AdminServer:
                 code: int,
                 body: dict[str, Any] | bytes,
                 headers: Mapping[str, str] | None = None,
+                content_type: str = "application/json",
             ) -> None:
                 data = body if isinstance(body, bytes) else json.dumps(body).encode()
                 self.send_response(code)
                 for name, value in (headers or {}).items():
                     self.send_header(name, value)
-                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Type", content_type)
                 self.send_header("Content-Length", str(len(data)))
                 self.end_headers()
                 self.wfile.write(data)

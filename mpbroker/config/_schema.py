@@ -502,6 +502,14 @@ class AdminSettings:
     stats_interval_ms: int = _setting(
         500, "how often every worker publishes its state for the admin API", min=10
     )
+    # RabbitMQ's Prometheus plugin leaves per-queue series out by default for the same
+    # reason: a scrape of tens of thousands of series is slow, and so is the TSDB.
+    metrics_max_destinations: int = _setting(
+        1000,
+        "destinations (and durable subscriptions) with series of their own in GET /metrics; "
+        'the rest are added up as destination="other"',
+        min=0,
+    )
     stats_bytes: int = _setting(
         256 * KiB,
         "room for one worker's published state in shared memory (a larger one goes to a "

@@ -10,10 +10,17 @@ from ._common import Consumer, ConsumerKey, Engine, Outbox, no_byte_window
 from ._queue import IndexCache, Pager, QueueEffects, QueueEngine, StoredAck, StoredRef
 from ._replay import Grant, ReplayKey, ReplayScheduler
 from ._topic import SharedPager, TopicEffects, TopicEngine
+from ._totals import DEAD_LETTERED, DEQUEUED, ENQUEUED, EXPIRED, STOPS, DestinationTotals
 
 __all__ = [
+    "DEAD_LETTERED",
+    "DEQUEUED",
+    "ENQUEUED",
+    "EXPIRED",
+    "STOPS",
     "Consumer",
     "ConsumerKey",
+    "DestinationTotals",
     "Engine",
     "Grant",
     "IndexCache",

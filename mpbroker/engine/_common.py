@@ -28,6 +28,8 @@ from mpbroker.records import (
 )
 from mpbroker.selector import Selector, SelectorError, compile_selector
 
+from ._totals import DEQUEUED, DestinationTotals
+
 # (gateway index, connection id, subscription handle): unique across the broker.
 ConsumerKey = tuple[int, int, int]
 
@@ -223,6 +225,8 @@ class Engine(ABC):
         self.window_bytes_for = window_bytes_for
         self.delivered = 0
         self.received = 0
+        # Per destination: enqueued, dequeued, expired, ... since the worker started.
+        self.totals = DestinationTotals()
         # The worker's clock, set before each batch (`tick`: an engine reads no clock).
         self.now_ms = 0
 
@@ -248,6 +252,8 @@ class Engine(ABC):
                 if consumer is not None and settled:
                     nack = isinstance(record, Nack)
                     requeue = record.requeue if isinstance(record, Nack) else True
+                    if not nack:
+                        self.totals.add(consumer.destination, DEQUEUED, len(settled))
                     self._settled(consumer, settled, nack=nack, requeue=requeue)
                     stored = [m for m in settled if m.seq]
                     if stored:
@@ -261,6 +267,7 @@ class Engine(ABC):
                     if consumer is not None:
                         written = consumer.credit(count)
                         if written:
+                            self.totals.add(consumer.destination, DEQUEUED, len(written))
                             self._settled(consumer, written, nack=False)
             case Subscribe():
                 key = (gateway, record.conn, record.sub)

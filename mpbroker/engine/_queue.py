@@ -27,6 +27,7 @@ from mpbroker.selector import Selector, SelectorIndex
 
 from ._common import Consumer, Engine, Outbox, no_byte_window
 from ._pending import IndexedPending, Pending
+from ._totals import DEAD_LETTERED, ENQUEUED, EXPIRED
 
 # (queue name, store seq) of a stored message the engine is done with.
 StoredRef = tuple[str, int]
@@ -297,6 +298,7 @@ class QueueEngine(Engine):
         if not record.message.seq and not self.admit(gateway, record):
             return
         self.received += 1
+        self.totals.add(record.message.destination, ENQUEUED)
         self._enqueue(record.message)
         self._receipt(gateway, record.conn, record.receipt)
 
@@ -601,6 +603,7 @@ class QueueEngine(Engine):
         return f"/queue/{self.settings.dead_letter_prefix}{queue[len('/queue/') :]}"
 
     def _dead_letter(self, queue: _Queue, message: Message, reason: str) -> None:
+        self.totals.add(queue.name, DEAD_LETTERED)
         dead_letter_queue = self._dead_letter_queue(queue.name)
         headers = {
             **message.headers,
@@ -637,6 +640,7 @@ class QueueEngine(Engine):
             message.size = message_size(message)
             if self.quotas is not None:
                 self.quotas.take(message.destination, 1, message.size)
+            self.totals.add(message.destination, ENQUEUED)
             self._enqueue(message)
 
     def _forget(self, queue: _Queue, messages: list[Message], *, expired: bool = False) -> None:
@@ -699,6 +703,7 @@ class QueueEngine(Engine):
     def _expire(self, queue: _Queue, messages: list[Message]) -> None:
         """Expired messages (just out of `pending`) meet their queue's expiry policy."""
         self.expired += len(messages)
+        self.totals.add(queue.name, EXPIRED, len(messages))
         policy = self.expiry_for(queue.name)
         target = policy.destination or self._dead_letter_queue(queue.name)
         if policy.policy == "discard" or (policy.policy == "redirect" and target == queue.name):

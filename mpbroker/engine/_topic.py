@@ -25,6 +25,7 @@ from mpbroker.records import (
 from mpbroker.selector import Selector, SelectorIndex
 
 from ._common import Consumer, ConsumerKey, Engine, Outbox, no_byte_window
+from ._totals import ENQUEUED, EXPIRED, STOPS
 
 
 class SharedPager(Protocol):
@@ -171,7 +172,8 @@ class TopicEngine(Engine):
         if self.expiry_on_read and 0 < message.expires_ms <= self.now_ms:
             # Its time was up before it reached anyone (a ttl shorter than the way here).
             self.received += 1
-            self._expired(message, self.expiry_for(topic))
+            self.totals.add(topic, ENQUEUED)
+            self._expired(topic, message, self.expiry_for(topic))
             self._receipt(gateway, record.conn, record.receipt)
             return
         index = self.indexes.get(topic)
@@ -204,6 +206,7 @@ class TopicEngine(Engine):
                 self.outbox.add(gateway, Refuse.of(record.conn, refusal, record.receipt))
                 return
         self.received += 1
+        self.totals.add(topic, ENQUEUED)
         # One Deliver per gateway carries every target there (Outbox.deliver), so a
         # fan-out to many subscribers on one gateway costs one ring record.
         stub: Message | None = None
@@ -402,10 +405,11 @@ class TopicEngine(Engine):
         message = self._unstub(entry, read=policy.policy != "discard")  # (live_bytes first)
         self.live_total -= 1
         self.live_bytes -= message.size
-        self._expired(message, policy)
+        self._expired(topic, message, policy)
 
-    def _expired(self, message: Message, policy: ExpiryPolicy) -> None:
+    def _expired(self, topic: str, message: Message, policy: ExpiryPolicy) -> None:
         self.expired += 1
+        self.totals.add(topic, EXPIRED)
         if policy.policy != "discard":
             self._effects.expiry_log.append(expired_log_line(message, policy.log_fields))
 
@@ -439,6 +443,8 @@ class TopicEngine(Engine):
         if bytes_level.update(self.live_bytes) is not None or moved:
             reason = self._global_reason()
             if bool(reason) != before:
+                if reason:
+                    self.totals.add("", STOPS)  # ("": every topic, as in FlowChange)
                 self._effects.flow_changes.append(FlowChange("", reason))
         level = self.live_levels.get(topic)
         if level is None and not self.topics.get(topic):
@@ -452,6 +458,7 @@ class TopicEngine(Engine):
             level = self.live_levels[topic] = Level(mark, "live_msg_high")
         change = level.update(deepest)
         if change is True:
+            self.totals.add(topic, STOPS)
             self._effects.flow_changes.append(FlowChange(topic, level.reason))
         elif change is False:
             self._effects.flow_changes.append(FlowChange(topic, ""))

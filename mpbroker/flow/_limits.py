@@ -14,7 +14,7 @@ stopped is forgotten, so many short-lived destination names do not grow memory.
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Container
 from dataclasses import dataclass, replace
 
 from mpbroker.config import Config, StoreFlowSettings
@@ -111,6 +111,9 @@ class FlowTracker:
         # Destinations whose state changed since the last `changes`, ordered by their
         # latest change (a dict, as an ordered set).
         self._dirty: dict[str, None] = {}
+        # Per destination (GLOBAL too): how often its producers were stopped, since the
+        # tracker was made (the admin API's and /metrics' "stops" counters).
+        self.stops: dict[str, int] = {}
 
     def add(self, destination: str, messages: int, nbytes: int) -> None:
         """`messages` messages of `nbytes` bytes in all entered the store for `destination`."""
@@ -195,6 +198,11 @@ class FlowTracker:
         """Destinations with an entry: those that hold something or are stopped."""
         return len(self._entries)
 
+    def prune_stops(self, existing: Container[str], cap: int = 100_000) -> None:
+        """Past `cap` destinations, forget the stop counts of those not in `existing`."""
+        if len(self.stops) > cap:
+            self.stops = {k: v for k, v in self.stops.items() if k in existing or k == GLOBAL}
+
     def _settle(self, destination: str, entry: _Entry) -> None:
         # Both levels must see the new counts, so no short-circuit `or` here.
         msg_changed = entry.msg_level.update(entry.messages) is not None
@@ -238,6 +246,8 @@ class FlowTracker:
         if reason == self._stopped.get(destination, ""):
             return  # the other limit armed or disarmed behind the one that is named
         if reason:
+            if destination not in self._stopped:
+                self.stops[destination] = self.stops.get(destination, 0) + 1
             self._stopped[destination] = reason
         else:
             self._stopped.pop(destination, None)

@@ -357,14 +357,22 @@ class Durables:
 
     def stats(self) -> list[DurableRow]:
         """For the admin API: every durable subscription and what it is doing."""
-        return [
-            DurableRow(
-                name=d.name,
-                topic=d.topic,
-                state="replaying" if d.replaying else "live" if d.consumer else "inactive",
+        parked = self.topics.consumers
+        windows = self.queues.consumers
+        rows = []
+        for d in sorted(self.subs.values(), key=lambda d: d.name):
+            kept = parked.get(d.parked_key) if d.parked_key is not None else None
+            window = windows.get(d.consumer) if d.consumer is not None else None
+            rows.append(
+                DurableRow(
+                    name=d.name,
+                    topic=d.topic,
+                    state="replaying" if d.replaying else "live" if d.consumer else "inactive",
+                    kept=0 if kept is None else len(kept.pending),
+                    unacknowledged=0 if window is None else len(window.unacked),
+                )
             )
-            for d in sorted(self.subs.values(), key=lambda d: d.name)
-        ]
+        return rows
 
     def _settled_in_store(self, rows: list[tuple[str, int]]) -> None:
         """Stored messages every subscription is done with left the store."""

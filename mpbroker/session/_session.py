@@ -263,6 +263,8 @@ class GatewaySession:
         self._permits_of = self.access
         self._owners: dict[str, int] = {}
         self._data: list[bytes | memoryview] = []
+        #: Frames written to `_data` so far (the gateway's frames-out counter).
+        self.frames_out = 0
         self._records: list[tuple[int, Record]] = []
         self._subs_by_id: dict[str, _Subscription] = {}
         self._subs: dict[int, _Subscription] = {}
@@ -500,6 +502,7 @@ class GatewaySession:
         # (RabbitMQ's tests among them) read it from every CONNECTED.
         headers["heart-beat"] = f"{server_hb[0]},{server_hb[1]}" if version != "1.0" else "0,0"
         self._data.append(encode_frame(Frame("CONNECTED", headers), version))
+        self.frames_out += 1
         self._state = transition(self._state, Event.CONNECT)
 
     def _send(self, frame: Frame, now_ms: int) -> None:
@@ -847,6 +850,7 @@ class GatewaySession:
             # without keeping per-message state in the gateway. Our ids need no escaping.
             out.append(f"ack:{sub_handle}/{message.message_id}\n".encode())
         out.append(tail)
+        self.frames_out += 1
         return True
 
     def receipt(self, receipt: str, pipeline: int) -> None:
@@ -859,6 +863,7 @@ class GatewaySession:
             self._data.append(
                 encode_frame(Frame("RECEIPT", {"receipt-id": receipt}), self._version)
             )
+            self.frames_out += 1
 
     def refused(self, record: Refuse, pipeline: int) -> None:
         """`pipeline` refused a frame: an ERROR answering its receipt."""
@@ -957,6 +962,7 @@ class GatewaySession:
         if body:
             headers["content-type"] = "text/plain"
         self._data.append(encode_frame(Frame("ERROR", headers, body), self._version))
+        self.frames_out += 1
         self._state = transition(self._state, Event.ERROR)
 
     def _in_doubt_error(self, receipt: str, when: str = "before answering it") -> str:

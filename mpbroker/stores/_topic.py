@@ -742,6 +742,18 @@ class TopicStoreReader:
 
     # -- batches ------------------------------------------------------------------------------
 
+    def backlogs(self) -> dict[str, int]:
+        """How many messages each durable subscription with any still owes an ack for:
+        one pass over every pending row (the replay worker asks every few seconds, off the
+        owner's loop)."""
+        if self._closed:
+            raise StoreError(self.registry_path, "backlogs", "the reader is closed")
+        try:
+            rows = self._registry.execute("SELECT sub, COUNT(*) FROM pending GROUP BY sub")
+            return dict(rows.fetchall())
+        except sqlite3.Error as exc:
+            raise StoreError(self.registry_path, "backlogs", sqlite_detail(exc)) from exc
+
     def batch(
         self,
         name: str,

@@ -232,6 +232,11 @@ class Gateway:
             max_header_bytes=stomp.max_header_bytes,
         )
         self.stopping = False
+        # Totals since the gateway started, for the admin API and /metrics: connections
+        # served, refused (by kind), and frames written by connections that have ended.
+        self.accepted = 0
+        self.refused: dict[str, int] = {}
+        self.frames_out_closed = 0
         # Flow control: the stops our pipelines announced; waiting SENDs wake on a change.
         self.flow = FlowGate(layout.topology)
         self.flow_changed = trio.Event()
@@ -447,6 +452,11 @@ class Gateway:
                     connections=len(self.connections),
                     stopped_producers=held,
                     stops_known=len(self.flow.stops),
+                    connections_accepted=self.accepted,
+                    connections_refused=dict(self.refused),
+                    frames_in=self.slot.counter(GATEWAY_FRAMES_IN),
+                    frames_out=self.frames_out_closed
+                    + sum(c.session.frames_out for c in self.connections.values()),
                     transactions_open=len(self.tx_budget.open_transactions()),
                     transactions_bytes=self.tx_budget.used,
                     transactions_discarded=self.tx_budget.discarded_for_room,
@@ -464,24 +474,31 @@ class Gateway:
             control.slot(layout.gateway_slot(g)).counter(counter) for g in range(layout.gateways)
         )
 
-    def _refusal(self, address: str) -> str:
-        """Why a new connection from `address`, already counted, is refused ("": it is
-        not). Counted first and judged after: two gateways taking the last place at once
-        both see the other, so both refuse (early), never both take it (late)."""
+    def _refusal(self, address: str) -> tuple[str, str]:
+        """Why a new connection from `address`, already counted, is refused: (the kind, for
+        the refusal counters; the text), ("", "") when it is not. Counted first and judged
+        after: two gateways taking the last place at once both see the other, so both
+        refuse (early), never both take it (late)."""
         broker = self.config.broker
         if self.stopping:
-            return "broker is shutting down"
+            return "shutting_down", "broker is shutting down"
         if self._total(GATEWAY_CONNECTIONS) > broker.max_connections:
-            return f"max_connections {broker.max_connections} reached"
+            return "max_connections", f"max_connections {broker.max_connections} reached"
         # Connections that have not said who they are yet have their own, smaller limit, so
         # that idle sockets cannot take every connection from clients that have.
         connecting = min(broker.max_connections_connecting, broker.max_connections)
         if self._total(GATEWAY_CONNECTING) > connecting:
-            return f"max_connections_connecting {connecting} reached"
+            kind = "max_connections_connecting"
+            return kind, f"{kind} {connecting} reached"
         per_address = broker.max_connections_per_address
         if per_address and self.addresses.total(address) > per_address:
-            return f"max_connections_per_address {per_address} reached"
-        return ""
+            kind = "max_connections_per_address"
+            return kind, f"{kind} {per_address} reached"
+        return "", ""
+
+    def _count_refusal(self, kind: str) -> None:
+        """A connection refused, by kind (`GatewayStats.connections_refused`)."""
+        self.refused[kind] = self.refused.get(kind, 0) + 1
 
     async def accept(self, stream: _ClientStream, tls: TlsHandshakes | None = None) -> None:
         """A new connection (from either listener): counted against the limits, refused
@@ -493,13 +510,17 @@ class Gateway:
         self.addresses.add(self.index, address, 1)
         conn: _Connection | None = None
         try:
-            reason = self._refusal(address)
+            kind, reason = self._refusal(address)
             if reason:
+                self._count_refusal(kind)
                 await self._refuse(stream, peer, reason)
             # (A failed handshake closes its stream.)
-            elif tls is None or (
+            elif tls is not None and not (
                 isinstance(stream, trio.SSLStream) and await tls.complete(stream, peer)
             ):
+                self._count_refusal("tls_handshake")
+            else:
+                self.accepted += 1
                 conn = self._open(stream, peer)
                 await self.serve_connection(conn)
         finally:
@@ -553,6 +574,7 @@ class Gateway:
         finally:
             del self.connections[conn_id]
             session.closed()
+            self.frames_out_closed += session.frames_out
             # Its pipelines hear of the end last (ConnClosed), whatever ended it.
             self.flush(conn)
             if isinstance(stream, trio.SSLStream):
@@ -754,6 +776,7 @@ class Gateway:
                 conn.peer,
             )
             conn.session.refuse(frame, AuthenticationFailed())
+            self._count_refusal("authentication")
             return False
         if auth.users is not None:
             # A login is who the client is only where it was checked against the users.

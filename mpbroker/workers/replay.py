@@ -35,6 +35,9 @@ __all__ = ["run_replay"]
 
 log = logging.getLogger("mpbroker.replay")
 
+# How often the stored backlogs are counted (one pass over every pending row of a store).
+BACKLOG_PERIOD_MS = 5000
+
 
 class ReplayWorker:
     """One replay worker: the pubsub partitions it serves, their rings and stores."""
@@ -71,6 +74,10 @@ class ReplayWorker:
         self.messages = 0
         # (messages, batches) replayed per subscription, logged when it is released.
         self.progress: dict[ReplayKey, tuple[int, int]] = {}
+        # The stored backlog of every durable subscription of our partitions, for the admin
+        # API and /metrics: read here, off the owners' loops, every BACKLOG_PERIOD_MS.
+        self.backlogs: dict[str, int] = {}
+        self.backlogs_at_ms: int | None = None
 
     def _store(self, partition: int) -> TopicStoreReader:
         store = self.stores.get(partition)
@@ -155,10 +162,29 @@ class ReplayWorker:
                     batches,
                 )
 
+    def _read_backlogs(self, now: int) -> None:
+        """Count every subscription's stored backlog again, when it is time to."""
+        if self.backlogs_at_ms is not None and now - self.backlogs_at_ms < BACKLOG_PERIOD_MS:
+            return
+        backlogs: dict[str, int] = {}
+        for partition in self.partitions:
+            try:
+                backlogs.update(self._store(partition).backlogs())
+            except StoreError as exc:
+                # Not there yet (no durable subscription was ever made), or changing: the
+                # next reading tries again with a fresh connection.
+                log.debug("cannot count the backlogs of pubsub %d: %s", partition, exc)
+                store = self.stores.pop(partition, None)
+                if store is not None:
+                    store.close()
+        self.backlogs = backlogs
+        self.backlogs_at_ms = now
+
     def _publish_stats(self) -> None:
         now = self.base.stats_due()
         if now is None:
             return
+        self._read_backlogs(now)
         scheduler = self.scheduler
         self.base.publish_stats(
             ReplayStats(
@@ -170,6 +196,8 @@ class ReplayWorker:
                 in_flight_bytes=scheduler.in_flight_bytes,
                 batches=self.batches,
                 messages=self.messages,
+                backlogs=self.backlogs,
+                backlogs_at_ms=self.backlogs_at_ms,
             )
         )
 

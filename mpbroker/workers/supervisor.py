@@ -302,6 +302,7 @@ class Supervisor:
                 self.admin_status,
                 allowed_names(admin.host, admin.host_names),
                 users,
+                admin.metrics_max_destinations,
             )
         except OSError as exc:
             raise StartupError(
