@@ -1,12 +1,14 @@
-"""The admin API with many destinations: what `GET /flow` and `GET /status` cost, and what
-publishing the snapshots costs the pipelines.
+"""The admin API with many destinations: what `GET /flow`, `GET /status` and `GET /metrics`
+cost, and what publishing the snapshots costs the pipelines.
 
 Run: .venv/bin/python -m bench.admin [--destinations 10000] [--requests 5]
+[--metrics-max-destinations N]
 
 Starts a broker (one gateway), puts one message in each of `destinations` queues and a
 subscriber on each of as many topics, waits until `GET /flow` lists every one, then
-times `GET /flow`, `GET /flow?limit=100` and `GET /status` (median of `requests`, and the
-bytes of each). For the p2p and pubsub worker it reports what their last snapshot took to
+times `GET /flow`, `GET /flow?limit=100`, `GET /status` and `GET /metrics` (median of
+`requests`, the bytes of each, and the samples of a scrape) with `admin.metrics_max_destinations`
+as given (default: the broker's). For the p2p and pubsub worker it reports what their last snapshot took to
 build and publish (`publish_ms`), how often they publish at that cost, and their CPU time
 over 10 s with nothing else going on: all of it is the admin snapshots.
 """
@@ -80,6 +82,11 @@ def _wait_listed(broker: BrokerProcess, expected: int) -> float:
         time.sleep(0.2)
 
 
+def _samples(text: bytes) -> int:
+    """The samples in a Prometheus text exposition (its lines that are not comments)."""
+    return sum(1 for line in text.splitlines() if line and not line.startswith(b"#"))
+
+
 def _pipelines(broker: BrokerProcess) -> dict[str, dict[str, Any]]:
     _, data = _get(broker, "/status")
     return {
@@ -100,10 +107,18 @@ def main() -> None:
         help=f"admin.stats_interval_ms; from {_BASELINE_MS} on, only the idle workers' CPU "
         "is measured: the baseline without snapshots",
     )
+    parser.add_argument(
+        "--metrics-max-destinations",
+        type=int,
+        default=None,
+        help="admin.metrics_max_destinations (default: the broker's)",
+    )
     args = parser.parse_args()
     count = args.destinations
     interval = args.stats_interval_ms
     config = f"[admin]\nstats_interval_ms = {interval}\n"
+    if args.metrics_max_destinations is not None:
+        config += f"metrics_max_destinations = {args.metrics_max_destinations}\n"
     with BrokerProcess("--gateways", "1", config=config) as broker:
         started = time.monotonic()
         clients = _fill(broker, count)
@@ -111,11 +126,15 @@ def main() -> None:
         if interval < _BASELINE_MS:
             waited = _wait_listed(broker, 2 * count)
             print(f"/flow listed all {2 * count} destinations {waited:.1f} s later")
-            for path in ("/flow", "/flow?limit=100", "/status"):
+            for path in ("/flow", "/flow?limit=100", "/status", "/metrics"):
                 runs = [_get(broker, path) for _ in range(args.requests)]
                 seconds = statistics.median(t for t, _ in runs)
                 size = len(runs[-1][1])
-                print(f"GET {path}: {seconds * 1000:.0f} ms, {size / 2**20:.2f} MiB ({size} B)")
+                samples = f", {_samples(runs[-1][1])} samples" if path == "/metrics" else ""
+                print(
+                    f"GET {path}: {seconds * 1000:.0f} ms, {size / 2**20:.2f} MiB ({size} B)"
+                    + samples
+                )
             time.sleep(2)  # publish_ms is the previous snapshot's: let one more come
             for title, stats in _pipelines(broker).items():
                 cost = stats.get("publish_ms", 0.0)
