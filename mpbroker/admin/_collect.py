@@ -7,6 +7,8 @@ goes to the block's spill file (`mpbroker.shm.StatsBlock`), so nothing is cut he
 
 from __future__ import annotations
 
+from collections.abc import Container
+
 from mpbroker.engine import STOPS, Engine, QueueEngine, TopicEngine
 from mpbroker.flow import FlowTracker, StoreLimits
 from mpbroker.records import ACK_MODES
@@ -81,7 +83,7 @@ def _totals(name: str, engine: Engine, tracked: _Tracked) -> tuple[int, int, int
     return enqueued, dequeued, expired, dead_lettered, stops
 
 
-def _forget_gone(engine: Engine, tracked: _Tracked, existing: set[str]) -> None:
+def _forget_gone(engine: Engine, tracked: _Tracked, existing: Container[str]) -> None:
     """Bound the totals kept for destinations that are gone (see DestinationTotals)."""
     engine.totals.prune(existing)
     for _, tracker, _ in tracked:
@@ -138,7 +140,7 @@ def queue_worker_stats(
                 stops=stops,
             )
         )
-    _forget_gone(engine, tracked, set(engine.queues))
+    _forget_gone(engine, tracked, engine.queues)
     return QueueWorkerStats(
         title=title,
         pid=pid,
