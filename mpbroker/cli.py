@@ -393,7 +393,12 @@ def _admin_get(args: argparse.Namespace, path: str) -> bytes:
     request = urllib.request.Request(url)
     if args.user is not None:
         # Sent at once, not after a 401: one request, and one check of the password.
-        request.add_header("Authorization", authorization(args.user, _admin_password(args)))
+        try:
+            request.add_header("Authorization", authorization(args.user, _admin_password(args)))
+        except ValueError as exc:
+            raise _AdminFailure(
+                f"mpbroker: admin: cannot send the credentials: {exc}", _ADMIN_REFUSED
+            ) from None
     elif args.password_file:
         raise _AdminFailure("mpbroker: admin: --password-file needs --user NAME", _ADMIN_REFUSED)
     try:

@@ -696,3 +696,18 @@ def test_admin_password_file_needs_a_user(
     secret.write_text("r00t\n")
     code, _, err = admin(capsys, admin_port, "--password-file", str(secret))
     assert (code, err) == (2, "mpbroker: admin: --password-file needs --user NAME\n")
+
+
+def test_admin_refuses_a_user_name_that_is_not_utf8_in_one_line(
+    admin_port: int, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A byte of the command line that is not UTF-8 arrives as a lone surrogate.
+    monkeypatch.setenv("MPBROKER_PASSWORD", "r00t")
+    code, _, err = admin(
+        capsys, admin_port, "--user", b"r\xf6ot".decode("utf-8", "surrogateescape")
+    )
+    assert (code, err) == (
+        2,
+        "mpbroker: admin: cannot send the credentials: the user name or the password is not "
+        "valid UTF-8\n",
+    )

@@ -64,8 +64,13 @@ def parse_basic(header: str) -> tuple[str, str]:
 
 def authorization(user: str, password: str) -> str:
     """The Authorization header that gives `user` and `password` (the inverse of
-    `parse_basic`)."""
-    return "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode("ascii")
+    `parse_basic`). ValueError when they are not text UTF-8 can carry: a lone surrogate,
+    which is what bytes of a command line that are not UTF-8 become."""
+    try:
+        raw = f"{user}:{password}".encode()
+    except UnicodeEncodeError:
+        raise ValueError("the user name or the password is not valid UTF-8") from None
+    return "Basic " + base64.b64encode(raw).decode("ascii")
 
 
 @dataclass(frozen=True, slots=True)
