@@ -419,6 +419,10 @@ class MemoryStatus(_Snapshot, frozen=True):
 class StatusView(_Snapshot, frozen=True):
     """`GET /status`: every worker and what it published, and the broker's memory.
 
+    `GET /status?offset=N&limit=M` cuts each pipeline's `destinations` and `consumers` to
+    their items N to N+M-1 (as `FlowView` pages them) and adds the rows cut out to their
+    `*_not_shown` counts: `limit=0` gives the workers' figures without those lists.
+
     Attributes:
         at_ms: when the page was made (epoch ms).
         workers: every worker, gateways first.
