@@ -2,13 +2,17 @@
 cost, and what publishing the snapshots costs the pipelines.
 
 Run: .venv/bin/python -m bench.admin [--destinations 10000] [--requests 5]
-[--metrics-max-destinations N]
+         [--metrics-max-destinations N] [--dashboard SCREENSHOT.png]
 
 Starts a broker (one gateway), puts one message in each of `destinations` queues and a
 subscriber on each of as many topics, waits until `GET /flow` lists every one, then
-times `GET /flow`, `GET /flow?limit=100`, `GET /status` and `GET /metrics` (median of
-`requests`, the bytes of each, and the samples of a scrape) with `admin.metrics_max_destinations`
-as given (default: the broker's). For the p2p and pubsub worker it reports what their last snapshot took to
+times `GET /flow`, `GET /flow?limit=100`, `GET /status`, `GET /metrics` (with
+`admin.metrics_max_destinations` as given, default the broker's; also the samples of a
+scrape) and what the dashboard polls (`GET /flow?sort=backlog&order=desc&offset=0&limit=50`,
+the same with a filter, and `GET /status?limit=0`): median of `requests`, and the bytes of
+each. `--dashboard` also opens the dashboard in a headless Chromium (tests/browser.py: from
+a checkout, with the test extras), times its first rows and its requests, and saves a
+screenshot. For the p2p and pubsub worker it reports what their last snapshot took to
 build and publish (`publish_ms`), how often they publish at that cost, and their CPU time
 over 10 s with nothing else going on: all of it is the admin snapshots.
 """
@@ -96,10 +100,49 @@ def _pipelines(broker: BrokerProcess) -> dict[str, dict[str, Any]]:
     }
 
 
+_FIRST_ROWS_JS = "return document.querySelectorAll('#destinations tbody tr td.name').length"
+# What the page's own requests took (Resource Timing), the newest of each kind.
+_REQUESTS_JS = """
+const last = {};
+for (const e of performance.getEntriesByType('resource')) {
+  const kind = new URL(e.name).pathname;
+  if (kind === '/flow' || kind === '/status') last[kind] = [e.duration, e.transferSize];
+}
+return last;
+"""
+
+
+def _dashboard(broker: BrokerProcess, screenshot: str) -> None:
+    """The dashboard with every destination: time to its first rows, its requests, and a
+    screenshot."""
+    from tests.browser import chromium, console_errors  # a checkout's test helper
+
+    with chromium(height=1300) as driver:
+        started = time.perf_counter()
+        driver.get(f"{broker.admin_url}/")
+        while not driver.execute_script(_FIRST_ROWS_JS):
+            if time.perf_counter() - started > 60:
+                raise TimeoutError("the dashboard showed no destination in 60 s")
+            time.sleep(0.05)
+        print(f"dashboard: first rows {(time.perf_counter() - started) * 1000:.0f} ms after load")
+        time.sleep(7)  # two refreshes more: the chart and the steady state
+        for path, (duration, size) in sorted(driver.execute_script(_REQUESTS_JS).items()):
+            print(f"dashboard: its last {path} took {duration:.0f} ms, {size / 1024:.1f} KiB")
+        errors = console_errors(driver)
+        print(f"dashboard: {len(errors)} console errors{': ' if errors else ''}{errors or ''}")
+        driver.save_screenshot(screenshot)
+        print(f"dashboard: screenshot {screenshot}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--destinations", type=int, default=10000)
     parser.add_argument("--requests", type=int, default=5)
+    parser.add_argument(
+        "--dashboard",
+        metavar="PNG",
+        help="open the dashboard in a headless Chromium, time it, save a screenshot here",
+    )
     parser.add_argument(
         "--stats-interval-ms",
         type=int,
@@ -126,7 +169,15 @@ def main() -> None:
         if interval < _BASELINE_MS:
             waited = _wait_listed(broker, 2 * count)
             print(f"/flow listed all {2 * count} destinations {waited:.1f} s later")
-            for path in ("/flow", "/flow?limit=100", "/status", "/metrics"):
+            for path in (
+                "/flow",
+                "/flow?limit=100",
+                "/status",
+                "/metrics",
+                "/flow?sort=backlog&order=desc&offset=0&limit=50",
+                "/flow?sort=backlog&order=desc&offset=0&limit=50&filter=bench.0999",
+                "/status?limit=0",
+            ):
                 runs = [_get(broker, path) for _ in range(args.requests)]
                 seconds = statistics.median(t for t, _ in runs)
                 size = len(runs[-1][1])
@@ -135,6 +186,8 @@ def main() -> None:
                     f"GET {path}: {seconds * 1000:.0f} ms, {size / 2**20:.2f} MiB ({size} B)"
                     + samples
                 )
+            if args.dashboard:
+                _dashboard(broker, args.dashboard)
             time.sleep(2)  # publish_ms is the previous snapshot's: let one more come
             for title, stats in _pipelines(broker).items():
                 cost = stats.get("publish_ms", 0.0)

@@ -13,7 +13,7 @@ import shutil
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, cast
 
 from selenium import webdriver
 from selenium.webdriver.chrome.service import Service
@@ -56,7 +56,8 @@ def chromium(width: int = 1366, height: int = 900) -> Iterator[webdriver.Chrome]
 
 def console_errors(driver: webdriver.Chrome) -> list[str]:
     """The console's SEVERE entries since the last call (each is read once)."""
-    entries: list[dict[str, Any]] = driver.get_log("browser")
+    # (cast: selenium leaves get_log untyped)
+    entries: list[dict[str, Any]] = cast(Any, driver).get_log("browser")
     return [entry["message"] for entry in entries if entry.get("level") == "SEVERE"]
 
 

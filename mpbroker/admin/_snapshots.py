@@ -420,6 +420,10 @@ class WorkerStatus(_Snapshot, frozen=True):
         heartbeat_age_ms: how long since its loop last turned (None before its first turn).
         stats: what it published last (None before its first snapshot).
         stats_error: why its snapshot could not be read, if it could not.
+        memory_bytes: its memory at MemWatch's last reading (`memory.memwatch_interval_ms`):
+            its proportional set size without the shared-memory segments, which count once
+            in `MemoryStatus.used_bytes`. None (left out) before MemWatch read this process
+            (it just started, or MemWatch is off).
     """
 
     title: str
@@ -431,6 +435,7 @@ class WorkerStatus(_Snapshot, frozen=True):
     heartbeat_age_ms: int | None
     stats: WorkerStats | None
     stats_error: str | None = None
+    memory_bytes: int | None = None
 
 
 class MemoryLevel(_Snapshot, frozen=True):
@@ -468,6 +473,10 @@ class MemoryStatus(_Snapshot, frozen=True):
 class StatusView(_Snapshot, frozen=True):
     """`GET /status`: every worker and what it published, and the broker's memory.
 
+    `GET /status?offset=N&limit=M` cuts each pipeline's `destinations` and `consumers` to
+    their items N to N+M-1 (as `FlowView` pages them) and adds the rows cut out to their
+    `*_not_shown` counts: `limit=0` gives the workers' figures without those lists.
+
     Attributes:
         at_ms: when the page was made (epoch ms).
         workers: every worker, gateways first.
@@ -483,15 +492,19 @@ class FlowView(_Snapshot, frozen=True):
     """`GET /flow`: flow control now, gathered over the workers ("Flow Control Live").
 
     `GET /flow?offset=N&limit=M` pages the three long lists (destinations, consumers,
-    durable subscriptions) alike: each shows its items N to N+M-1. The `*_not_shown` counts
-    say how many of each the page leaves out, or a worker could not publish: 0 when every
-    one is shown.
+    durable subscriptions) alike: each shows its items N to N+M-1. Before that,
+    `filter=TEXT` keeps the destinations whose name holds TEXT (any case) and
+    `sort=KEY[&order=asc|desc]` sorts them (`server.Selection`). The `*_not_shown` counts
+    say how many of each the page leaves out (filtered out too), or a worker could not
+    publish: 0 when every one is shown.
 
     Attributes:
         at_ms: when the page was made.
         destinations: every destination's counts, watermarks and stops (with `worker`):
-            each pipeline's in name order, p2p workers first.
+            each pipeline's in name order, p2p workers first (unless sorted).
         destinations_not_shown: destinations not in `destinations`.
+        destinations_matching: with `filter`, how many destinations match it, shown or
+            not (left out without a filter).
         global_stores: per worker, its stores' global figures (JSON: `global`).
         stopped_producers: the SENDs held now, and for how long (with `gateway`).
         consumers: every consumer's window and whether it is ready (with `worker`).
@@ -510,6 +523,7 @@ class FlowView(_Snapshot, frozen=True):
     consumers_not_shown: int
     durable_subscriptions: list[DurableRow]
     durable_subscriptions_not_shown: int
+    destinations_matching: int | None = None
 
 
 # -- encoding ------------------------------------------------------------------------------

@@ -175,6 +175,12 @@ def exposition(
                 "time since the worker's loop last turned",
                 names,
             ).add_metric(labels, worker.heartbeat_age_ms / 1000)
+        if worker.memory_bytes is not None:
+            out.gauge(
+                "mpbroker_worker_memory_bytes",
+                "the worker's memory (PSS) at MemWatch's last reading",
+                names,
+            ).add_metric(labels, worker.memory_bytes)
         stats = worker.stats
         if stats is not None:
             out.gauge(

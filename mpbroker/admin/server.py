@@ -8,8 +8,13 @@ spill file when it is larger; at most `admin.stats_interval_ms` old) and the con
 - `GET /flow`: flow control now ("Flow Control Live"): every destination's counts,
   watermarks and stops, the global stops, the producers held and for how long, every
   consumer's window and `ready: yes/no`, the durable subscriptions.
-  `?offset=N&limit=M` pages its long lists (`FlowView`).
-- `GET /metrics`: the status in the Prometheus text format (`metrics`).
+  `?offset=N&limit=M` pages its long lists (`FlowView`); `sort`, `order` and `filter`
+  choose the destinations before they are paged (`Selection`);
+- `GET /status?offset=N&limit=M` pages each pipeline's destinations and consumers the same
+  way (`limit=0`: the workers' figures without their lists, what the dashboard polls);
+- `GET /metrics`: the status in the Prometheus text format (`metrics`);
+- `GET /` and `GET /static/<file>`: the dashboard, a page of static files (`mpbroker/admin/
+  static/`) that polls the two JSON pages; a strict Content-Security-Policy, no frames.
 
 With a users file, every request needs HTTP Basic credentials of a user in group `admin`
 (`access.AdminGuard`); the Host header is checked first (DNS rebinding), so a page that
@@ -22,7 +27,9 @@ import json
 import logging
 import threading
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from importlib import resources
 from typing import Any, TypeVar
 from urllib.parse import parse_qs, urlsplit
 
@@ -66,14 +73,20 @@ from .metrics import CONTENT_TYPE, SeriesCap, exposition
 
 __all__ = [
     "LOCAL_NAMES",
+    "SORT_KEYS",
+    "STATIC_FILES",
     "AdminServer",
     "Page",
+    "Selection",
     "WorkerRef",
     "allowed_names",
+    "flow_query",
     "flow_view",
     "host_allowed",
     "host_name",
     "page_of",
+    "select_destinations",
+    "status_page",
     "status_view",
 ]
 
@@ -91,20 +104,25 @@ WorkerRef = tuple[str, str, int, int]
 # (offset, limit): items offset to offset + limit - 1 of each long list (limit None: all).
 Page = tuple[int, int | None]
 _Item = TypeVar("_Item")
+_replace = msgspec.structs.replace
 
 
 class BadRequest(ValueError):
     """A query a page does not understand (HTTP 400)."""
 
 
-def page_of(query: Mapping[str, list[str]]) -> Page:
+def page_of(query: Mapping[str, list[str]], known: tuple[str, ...] = ("offset", "limit")) -> Page:
     """The page a query string asks for (`offset`, `limit`: whole numbers); BadRequest
-    naming the parameter otherwise."""
-    unknown = sorted(set(query) - {"offset", "limit"})
+    naming the parameter otherwise, or a parameter not in `known`."""
+    unknown = sorted(set(query) - set(known))
     if unknown:
-        raise BadRequest(f"unknown parameter {unknown[0]!r} (offset and limit are known)")
+        names = ", ".join(known[:-1]) + f" and {known[-1]}"
+        raise BadRequest(f"unknown parameter {unknown[0]!r} ({names} are known)")
     numbers: dict[str, int] = {}
-    for name, values in query.items():
+    for name in ("offset", "limit"):
+        if name not in query:
+            continue
+        values = query[name]
         try:
             numbers[name] = int(values[-1])
         except ValueError:
@@ -112,6 +130,92 @@ def page_of(query: Mapping[str, list[str]]) -> Page:
         if numbers[name] < 0:
             raise BadRequest(f"{name} must be 0 or more, not {numbers[name]}")
     return numbers.get("offset", 0), numbers.get("limit")
+
+
+def _stop_of(row: QueueRow | TopicRow) -> str:
+    """What stops a destination's producers now ("" when they may send): a topic's live
+    buffer first, then its stores in order."""
+    if isinstance(row, TopicRow) and row.stopped:
+        return row.stopped
+    return next((figures.stopped for figures in row.stores.values() if figures.stopped), "")
+
+
+def _backlog(row: QueueRow | TopicRow) -> int:
+    return row.waiting + row.unacknowledged if isinstance(row, QueueRow) else row.deepest_backlog
+
+
+# Per sort key: what it sorts by (for a row and the worker that owns it), and whether it
+# sorts largest first unless `order` says otherwise (the numbers and the stops: what a
+# person looks for is at the top).
+_SortKey = Callable[[str, QueueRow | TopicRow], Any]
+_SORTS: dict[str, tuple[_SortKey, bool]] = {
+    "name": (lambda worker, row: row.name, False),
+    "kind": (lambda worker, row: isinstance(row, TopicRow), False),
+    "backlog": (lambda worker, row: _backlog(row), True),
+    "waiting": (
+        lambda worker, row: row.waiting if isinstance(row, QueueRow) else row.deepest_backlog,
+        True,
+    ),
+    "unacknowledged": (
+        lambda worker, row: row.unacknowledged if isinstance(row, QueueRow) else 0,
+        True,
+    ),
+    "consumers": (
+        lambda worker, row: row.consumers if isinstance(row, QueueRow) else row.subscribers,
+        True,
+    ),
+    "stopped": (lambda worker, row: _stop_of(row) != "", True),
+    "worker": (lambda worker, row: worker, False),
+}
+SORT_KEYS: tuple[str, ...] = tuple(_SORTS)
+"""What `GET /flow?sort=` sorts the destinations by."""
+_ORDERS = ("asc", "desc")
+_FLOW_PARAMETERS = ("offset", "limit", "sort", "order", "filter")
+
+
+@dataclass(frozen=True, slots=True)
+class Selection:
+    """Which destinations a `/flow` page shows, before it is paged: those whose name holds
+    `filter` (any case; "" every one), sorted by `sort` (None: as the workers list them,
+    p2p workers first, each in name order), largest first when `descending`. Equal ones
+    stay in name order."""
+
+    sort: str | None = None
+    descending: bool = False
+    filter: str = ""
+
+
+def flow_query(query: Mapping[str, list[str]]) -> tuple[Page, Selection]:
+    """The page and the selection a `/flow` query string asks for; BadRequest naming the
+    parameter (and what it may be) otherwise."""
+    page = page_of(query, _FLOW_PARAMETERS)
+    sort = query["sort"][-1] if "sort" in query else None
+    if sort is not None and sort not in _SORTS:
+        raise BadRequest(f"sort must be one of {', '.join(SORT_KEYS)}, not {sort!r}")
+    order = query["order"][-1] if "order" in query else None
+    if order is not None:
+        if order not in _ORDERS:
+            raise BadRequest(f"order must be asc or desc, not {order!r}")
+        if sort is None:
+            raise BadRequest("order needs sort (one of " + ", ".join(SORT_KEYS) + ")")
+    descending = _SORTS[sort][1] if sort is not None and order is None else order == "desc"
+    return page, Selection(sort, descending, query.get("filter", [""])[-1])
+
+
+def select_destinations(
+    destinations: list[tuple[str, QueueRow | TopicRow]], selection: Selection
+) -> list[tuple[str, QueueRow | TopicRow]]:
+    """The (worker, row) pairs `selection` keeps, in its order. Pure."""
+    chosen = destinations
+    if selection.filter:
+        needle = selection.filter.casefold()
+        chosen = [pair for pair in chosen if needle in pair[1].name.casefold()]
+    if selection.sort is not None:
+        key, _ = _SORTS[selection.sort]
+        # Name order first: sorted() is stable (reverse=True too), so equal keys keep it.
+        chosen = sorted(chosen, key=lambda pair: (pair[1].name, pair[0]))
+        chosen.sort(key=lambda pair: key(*pair), reverse=selection.descending)
+    return chosen
 
 
 def _paged(items: list[_Item], page: Page) -> tuple[list[_Item], int]:
@@ -126,9 +230,12 @@ def status_view(
     stats: dict[int, StatsBlock],
     workers: list[WorkerRef],
     memory: MemoryStatus | None = None,
+    process_memory: Mapping[int, int] | None = None,
 ) -> StatusView:
-    """Every worker's state (from the control block) and last snapshot (its stats block)."""
+    """Every worker's state (from the control block) and last snapshot (its stats block);
+    `process_memory`: MemWatch's last reading of each process, by pid."""
     now = monotonic_ms()
+    process_memory = process_memory or {}
     rows = []
     for title, role, index, slot_index in workers:
         slot = control.slot(slot_index)
@@ -151,15 +258,42 @@ def status_view(
                 heartbeat_age_ms=max(0, now - slot.heartbeat_ms) if slot.heartbeat_ms else None,
                 stats=published,
                 stats_error=problem,
+                memory_bytes=process_memory.get(slot.pid) if slot.pid else None,
             )
         )
     return StatusView(at_ms=epoch_ms(), workers=rows, memory=memory)
 
 
-def flow_view(status: StatusView, page: Page = (0, None)) -> FlowView:
+def status_page(status: StatusView, page: Page) -> StatusView:
+    """`status` with each pipeline's destinations and consumers cut to `page`; their
+    `*_not_shown` counts grow by the rows cut out."""
+    if page == (0, None):
+        return status
+    workers = []
+    for worker in status.workers:
+        stats = worker.stats
+        if isinstance(stats, QueueWorkerStats | TopicWorkerStats):
+            destinations, destinations_left = _paged(list(stats.destinations), page)
+            consumers, consumers_left = _paged(stats.consumers, page)
+            stats = _replace(
+                stats,
+                destinations=destinations,
+                destinations_not_shown=stats.destinations_not_shown + destinations_left,
+                consumers=consumers,
+                consumers_not_shown=stats.consumers_not_shown + consumers_left,
+            )
+            worker = _replace(worker, stats=stats)
+        workers.append(worker)
+    return _replace(status, workers=workers)
+
+
+def flow_view(
+    status: StatusView, page: Page = (0, None), selection: Selection = Selection()
+) -> FlowView:
     """The flow-control part of a status, gathered over the workers; each row names the
-    worker it came from. `page` cuts the long lists; the rows left out, by the page or by
-    a worker that could not publish them, are counted."""
+    worker it came from. `selection` filters and sorts the destinations, then `page` cuts
+    the long lists; the rows left out, by the filter, by the page or by a worker that
+    could not publish them, are counted."""
     destinations: list[tuple[str, QueueRow | TopicRow]] = []
     stores: dict[str, dict[str, GlobalStoreFigures]] = {}
     producers: list[HeldSend] = []
@@ -179,7 +313,9 @@ def flow_view(status: StatusView, page: Page = (0, None)) -> FlowView:
             consumers_unpublished += stats.consumers_not_shown
             if isinstance(stats, TopicWorkerStats):
                 durable += [(title, row) for row in stats.durable_subscriptions]
-    shown_destinations, destinations_left = _paged(destinations, page)
+    selected = select_destinations(destinations, selection)
+    shown_destinations, destinations_left = _paged(selected, page)
+    destinations_left += len(destinations) - len(selected)  # filtered out
     shown_consumers, consumers_left = _paged(consumers, page)
     shown_durable, durable_left = _paged(durable, page)
     return FlowView(
@@ -192,10 +328,10 @@ def flow_view(status: StatusView, page: Page = (0, None)) -> FlowView:
         consumers_not_shown=consumers_left + consumers_unpublished,
         durable_subscriptions=_named(shown_durable),
         durable_subscriptions_not_shown=durable_left,
+        destinations_matching=len(selected) if selection.filter else None,
     )
 
 
-_replace = msgspec.structs.replace
 _Row = TypeVar("_Row", QueueRow | TopicRow, ConsumerRow, DurableRow)
 
 
@@ -204,6 +340,40 @@ def _named(rows: list[tuple[str, _Row]]) -> list[_Row]:
     10,000 destinations, copying all of them to show a few would be most of the page's
     cost."""
     return [_replace(row, worker=title) for title, row in rows]
+
+
+STATIC_FILES: dict[str, str] = {
+    "index.html": "text/html; charset=utf-8",
+    "dashboard.js": "text/javascript; charset=utf-8",
+    "dashboard.css": "text/css; charset=utf-8",
+}
+"""The dashboard's files (in `mpbroker/admin/static/`) and their Content-Type:
+`GET /` is index.html, `GET /static/<name>` the others; nothing else is served."""
+
+# Every answer: never cached, never sniffed as another type, never in a frame. The page may
+# load its script, style and data only from this server (no inline script or style: a
+# destination's name in the page can never run), and a favicon given inline.
+_SECURITY_HEADERS = {
+    "Cache-Control": "no-cache",
+    "X-Content-Type-Options": "nosniff",
+    "X-Frame-Options": "DENY",
+    "Content-Security-Policy": (
+        "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
+        "connect-src 'self'; object-src 'none'; base-uri 'none'; form-action 'none'; "
+        "frame-ancestors 'none'"
+    ),
+    "Referrer-Policy": "no-referrer",
+}
+
+
+def _static_pages() -> dict[str, tuple[bytes, str]]:
+    """Path -> (body, Content-Type) of the dashboard's files, read from the package."""
+    folder = resources.files("mpbroker.admin") / "static"
+    pages = {}
+    for name, kind in STATIC_FILES.items():
+        path = "/" if name == "index.html" else f"/static/{name}"
+        pages[path] = ((folder / name).read_bytes(), kind)
+    return pages
 
 
 LOCAL_NAMES: frozenset[str] = frozenset({"localhost", "127.0.0.1", "::1"})
@@ -252,10 +422,19 @@ class AdminServer:
         users: dict[str, User] | None = None,
         metrics_max_destinations: int = 1000,
     ) -> None:
-        views: dict[str, Callable[[Page], StatusView | FlowView]] = {
-            "/status": lambda page: status(),
-            "/flow": lambda page: flow_view(status(), page),
+        def status_json(query: Mapping[str, list[str]]) -> StatusView:
+            page = page_of(query)  # before the status is made: a bad query costs nothing
+            return status_page(status(), page)
+
+        def flow_json(query: Mapping[str, list[str]]) -> FlowView:
+            page, selection = flow_query(query)
+            return flow_view(status(), page, selection)
+
+        views: dict[str, Callable[[Mapping[str, list[str]]], StatusView | FlowView]] = {
+            "/status": status_json,
+            "/flow": flow_json,
         }
+        static = _static_pages()
         self.guard = guard = AdminGuard(users)
         # Scrapes may come at once (a thread each); the caps remember what they admitted.
         metrics_lock = threading.Lock()
@@ -299,18 +478,20 @@ class AdminServer:
                 if url.path == "/metrics":
                     self._metrics(url.query)
                     return
+                if url.path in static:
+                    body, kind = static[url.path]
+                    self._reply(200, body, content_type=kind)
+                    return
                 view = views.get(url.path)
                 if view is None:
-                    pages = [*views, "/metrics"]
+                    pages = ["/", *views, "/metrics"]
                     self._reply(404, {"error": f"no such page {self.path!r}", "pages": pages})
                     return
+                query = parse_qs(url.query, keep_blank_values=True)
                 try:
-                    page = page_of(parse_qs(url.query, keep_blank_values=True))
+                    self._reply(200, encode(view(query)))
                 except BadRequest as exc:
                     self._reply(400, {"error": str(exc)})
-                    return
-                try:
-                    self._reply(200, encode(view(page)))
                 except Exception as exc:  # never take the supervisor down with a page
                     log.exception("admin page %s failed", client_text(self.path))
                     self._reply(500, {"error": str(exc)})
@@ -371,7 +552,7 @@ class AdminServer:
             ) -> None:
                 data = body if isinstance(body, bytes) else json.dumps(body).encode()
                 self.send_response(code)
-                for name, value in (headers or {}).items():
+                for name, value in {**_SECURITY_HEADERS, **(headers or {})}.items():
                     self.send_header(name, value)
                 self.send_header("Content-Type", content_type)
                 self.send_header("Content-Length", str(len(data)))

@@ -51,10 +51,20 @@ def _figures(stats: WorkerStats | None) -> str:
 
 def render_status(view: StatusView) -> str:
     rows = [
-        [w.title, w.state, w.pid, w.incarnation, w.heartbeat_age_ms, _figures(w.stats)]
+        [
+            w.title,
+            w.state,
+            w.pid,
+            w.incarnation,
+            w.heartbeat_age_ms,
+            None if w.memory_bytes is None else f"{w.memory_bytes / 2**20:.0f}",
+            _figures(w.stats),
+        ]
         for w in view.workers
     ]
-    workers = table(["worker", "state", "pid", "restarts", "heartbeat ms", "figures"], rows)
+    workers = table(
+        ["worker", "state", "pid", "restarts", "heartbeat ms", "memory MiB", "figures"], rows
+    )
     temp = _temp_stores(view)
     if temp:
         workers += "\n\n" + temp

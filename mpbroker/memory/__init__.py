@@ -26,7 +26,7 @@ from ._budget import (
     render_plan,
     require_fits,
 )
-from ._measure import broker_memory_bytes
+from ._measure import MemoryReading, broker_memory, broker_memory_bytes
 from ._memwatch import MemWatch, private_pss_bytes
 from ._wizard import Choice, WizardError, WizardInputs, WizardResult, derive
 from ._workers import WorkerCount, WorkerCounts, fit_workers
@@ -43,12 +43,14 @@ __all__ = [
     "Estimate",
     "MemWatch",
     "MemoryPlan",
+    "MemoryReading",
     "ProcessCost",
     "WizardError",
     "WizardInputs",
     "WizardResult",
     "WorkerCount",
     "WorkerCounts",
+    "broker_memory",
     "broker_memory_bytes",
     "check",
     "derive",

@@ -26,7 +26,7 @@ from mpbroker import native
 from mpbroker.admin import MemoryLevel, MemoryStatus, StatusView
 from mpbroker.admin.server import AdminServer, WorkerRef, allowed_names, status_view
 from mpbroker.config import Config, ConfigError, parse_levels, reload_flow_settings
-from mpbroker.memory import MemWatch, broker_memory_bytes, check, require_fits
+from mpbroker.memory import MemWatch, broker_memory, check, require_fits
 from mpbroker.routing import Topology
 from mpbroker.security import User, UsersFileError, load_users, server_context, unknown_names
 from mpbroker.shm import (
@@ -140,6 +140,9 @@ class Supervisor:
             memory.memwatch_warn_level,
         )
         self.next_memwatch = 0.0
+        # MemWatch's last reading of each process, by pid (for /status: a new dict each
+        # time, so the admin thread never sees one half written).
+        self.process_memory: dict[int, int] = {}
         self._wakeup_r, self._wakeup_w = socket.socketpair()
         self._signal_name = ""
         try:
@@ -328,7 +331,7 @@ class Supervisor:
                 for i, m in enumerate(watch.levels, start=1)
             ],
         )
-        return status_view(self.control, self.stats, refs, memory)
+        return status_view(self.control, self.stats, refs, memory, self.process_memory)
 
     # -- running -------------------------------------------------------------------------
 
@@ -496,7 +499,9 @@ class Supervisor:
         if not interval or now < self.next_memwatch or self.control is None:
             return
         self.next_memwatch = now + interval
-        note = self.memwatch.update(broker_memory_bytes(self.instance))
+        reading = broker_memory(self.instance)
+        self.process_memory = reading.processes
+        note = self.memwatch.update(reading.total)
         self.control.memwatch_level = self.memwatch.level
         if note is not None:
             if self.memwatch.level:

@@ -93,6 +93,7 @@ def worker(stats: WorkerStats, role: str, incarnation: int = 0) -> WorkerStatus:
         incarnation=incarnation,
         heartbeat_age_ms=250,
         stats=stats,
+        memory_bytes=20 * 2**20,
     )
 
 
@@ -226,6 +227,7 @@ def test_a_scrape_says_what_the_workers_published() -> None:
     assert value(samples, "mpbroker_worker_ready", **p2p) == 1
     assert value(samples, "mpbroker_worker_heartbeat_age_seconds", **p2p) == 0.25
     assert value(samples, "mpbroker_worker_stats_age_seconds", **p2p) == 0.5
+    assert value(samples, "mpbroker_worker_memory_bytes", **p2p) == 20 * 2**20
     gateway = {"worker": "gateway 0"}
     assert value(samples, "mpbroker_connections", **gateway) == 3
     assert value(samples, "mpbroker_connections_accepted_total", **gateway) == 7

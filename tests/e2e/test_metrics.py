@@ -10,7 +10,6 @@ import os
 import re
 import signal
 import time
-import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -22,7 +21,7 @@ from mpbroker.admin.access import authorization
 from mpbroker.admin.metrics import CONTENT_TYPE
 from mpbroker.client import StompError, connect
 from mpbroker.harness import BrokerProcess
-from tests.e2e._admin import eventually, get, user_add
+from tests.e2e._admin import ask, eventually, get, user_add
 
 pytestmark = pytest.mark.slow
 
@@ -79,10 +78,8 @@ def shows(broker: BrokerProcess, name: str, expected: float, **labels: str) -> C
 
 
 def test_metrics_need_the_admin_credentials(broker: BrokerProcess) -> None:
-    url = f"http://127.0.0.1:{broker.admin_port}/metrics"
-    with pytest.raises(urllib.error.HTTPError) as refused:
-        urllib.request.urlopen(url, timeout=10)
-    assert refused.value.code == 401
+    code, headers, _ = ask(broker, "/metrics")
+    assert code == 401 and "WWW-Authenticate" in headers
 
 
 def test_a_queue_s_counts_follow_its_traffic(broker: BrokerProcess) -> None:
@@ -111,6 +108,8 @@ def test_a_queue_s_counts_follow_its_traffic(broker: BrokerProcess) -> None:
         assert samples[("mpbroker_frames_sent_total", gateway)] >= 8
         memory = samples[("mpbroker_memory_used_bytes", frozenset())]
         assert 0 < memory < samples[("mpbroker_memory_max_bytes", frozenset())]
+        p2p = frozenset({("worker", "p2p 0"), ("role", "p2p")})
+        assert 0 < samples[("mpbroker_worker_memory_bytes", p2p)] < memory
 
 
 def test_expired_and_dead_lettered_messages_are_counted(broker: BrokerProcess) -> None:

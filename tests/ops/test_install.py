@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import re
 import shutil
 import signal
 import stat
 import subprocess
 import sys
 import time
+import urllib.request
 import zipfile
 from pathlib import Path
 
@@ -119,6 +121,15 @@ def test_wheel_installs_and_serves(tmp_path: Path) -> None:
         if compiler:
             assert "running hot modules compiled with mypyc" in broker.log_text()
         carry_messages(broker.port)
+        # The dashboard's static files are package data: the wheel serves them too.
+        admin = re.search(r"admin API on (http://\S+:\d+)", broker.log_text())
+        assert admin is not None, broker.log_text()
+        for path, expected in (
+            ("/", b"/static/dashboard.js"),
+            ("/static/dashboard.js", b"refresh"),
+        ):
+            with urllib.request.urlopen(admin.group(1) + path, timeout=10) as reply:
+                assert expected in reply.read()
         pid = broker.pid
         os.kill(pid, signal.SIGTERM)
         assert broker.process is not None
@@ -154,6 +165,8 @@ def test_a_wheel_without_a_working_compiler_is_pure_python(tmp_path: Path) -> No
     with zipfile.ZipFile(wheel) as archive:
         names = archive.namelist()
     assert "mpbroker/stomp/_parser.py" in names
+    for name in ("index.html", "dashboard.js", "dashboard.css"):
+        assert f"mpbroker/admin/static/{name}" in names
     assert [name for name in names if name.endswith(".so")] == []
 
 
