@@ -263,6 +263,10 @@ class GatewaySession:
         self._permits_of = self.access
         self._owners: dict[str, int] = {}
         self._data: list[bytes | memoryview] = []
+        #: Each element of `SessionOutput.data` one whole frame (or a heart-beat), for a
+        #: WebSocket connection (a frame a message); else a MESSAGE comes in pieces (its
+        #: shared tail is not copied), which a byte stream joins anyway.
+        self.whole_frames = False
         self._records: list[tuple[int, Record]] = []
         self._subs_by_id: dict[str, _Subscription] = {}
         self._subs: dict[int, _Subscription] = {}
@@ -839,6 +843,9 @@ class GatewaySession:
             )
             return True
         out = self._data
+        if self.whole_frames:
+            out.append(self._whole_message(sub, sub_handle, message, tail))
+            return True
         out.append(sub.message_prefix)
         if sub.ack_mode == ACK_AUTO:
             self._auto_delivered[sub_handle] = self._auto_delivered.get(sub_handle, 0) + 1
@@ -848,6 +855,16 @@ class GatewaySession:
             out.append(f"ack:{sub_handle}/{message.message_id}\n".encode())
         out.append(tail)
         return True
+
+    def _whole_message(
+        self, sub: _Subscription, sub_handle: int, message: Message, tail: bytes
+    ) -> bytes:
+        """`deliver`'s MESSAGE frame in one piece (`whole_frames`)."""
+        if sub.ack_mode == ACK_AUTO:
+            self._auto_delivered[sub_handle] = self._auto_delivered.get(sub_handle, 0) + 1
+            return sub.message_prefix + tail
+        ack = f"ack:{sub_handle}/{message.message_id}\n".encode()
+        return b"".join((sub.message_prefix, ack, tail))
 
     def receipt(self, receipt: str, pipeline: int) -> None:
         """`pipeline` answered a frame's receipt."""
