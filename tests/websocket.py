@@ -189,6 +189,23 @@ def open_websocket(
     sock = socket.create_connection(
         (host, port), timeout=timeout, source_address=None if source is None else (source, 0)
     )
+    try:
+        return _handshake(sock, host, port, path, subprotocols, origin, ssl_context, timeout)
+    except BaseException:
+        sock.close()
+        raise
+
+
+def _handshake(
+    sock: socket.socket,
+    host: str,
+    port: int,
+    path: str,
+    subprotocols: Sequence[str],
+    origin: str | None,
+    ssl_context: ssl.SSLContext | None,
+    timeout: float,
+) -> WebSocketClient:
     if ssl_context is not None:
         sock = ssl_context.wrap_socket(sock, server_hostname=host)
     ws = WSConnection(ConnectionType.CLIENT)
@@ -206,24 +223,24 @@ def open_websocket(
     status = 0
     body = b""
     deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        data = sock.recv(65536)
-        if not data:
-            sock.close()
-            raise Rejected(status, body)
-        ws.receive_data(data)
-        for event in ws.events():
-            if isinstance(event, AcceptConnection):
-                return WebSocketClient(sock, ws, event.subprotocol)
-            if isinstance(event, RejectConnection):
-                status = event.status_code
-                if not event.has_body:
-                    sock.close()
-                    raise Rejected(status, b"")
-            elif isinstance(event, RejectData):
-                body += event.data
-                if event.body_finished:
-                    sock.close()
-                    raise Rejected(status, body)
-    sock.close()
-    raise TimeoutError("no answer to the handshake")
+    try:
+        while time.monotonic() < deadline:
+            data = sock.recv(65536)
+            if not data:
+                raise Rejected(status, body)
+            ws.receive_data(data)
+            for event in ws.events():
+                if isinstance(event, AcceptConnection):
+                    return WebSocketClient(sock, ws, event.subprotocol)
+                if isinstance(event, RejectConnection):
+                    status = event.status_code
+                    if not event.has_body:
+                        raise Rejected(status, b"")
+                elif isinstance(event, RejectData):
+                    body += event.data
+                    if event.body_finished:
+                        raise Rejected(status, body)
+        raise TimeoutError("no answer to the handshake")
+    except BaseException:
+        sock.close()  # (the TLS socket: wrap_socket took the plain one over)
+        raise

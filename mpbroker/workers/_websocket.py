@@ -62,6 +62,8 @@ _MESSAGE_ALLOWANCE = 4096
 # How long a close we started waits for the client's answer before the socket closes.
 _CLOSE_REPLY_S = 0.5
 _READ_BYTES = 4096
+# What a refused client may still send after its answer that is read and dropped.
+_LINGER_BYTES = 4 * MAX_REQUEST_HEAD
 
 
 class WebSocketStream(trio.abc.AsyncResource):
@@ -298,6 +300,7 @@ class WebSocketHandshakes:
                 contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError),
             ):
                 await stream.send_all(refusal.response())
+                await _linger(stream)
         if accepted is None or scope.cancelled_caught or left:
             await trio.aclose_forcefully(stream)
             return None
@@ -313,6 +316,20 @@ class WebSocketHandshakes:
         trailing = bytes(parser.trailing_data[0])
         connection = Connection(ConnectionType.SERVER, trailing_data=trailing)
         return WebSocketStream(stream, connection, self.max_frame_bytes, peer, self.log)
+
+
+async def _linger(stream: Transport) -> None:
+    """After an answer, read (a bounded amount of) what the client still sends before the
+    socket closes: closed with unread bytes, it resets, and the client may lose the answer."""
+    if not isinstance(stream, trio.SocketStream):
+        return
+    await stream.send_eof()
+    drained = 0
+    while drained < _LINGER_BYTES:
+        chunk = await stream.receive_some(_READ_BYTES)
+        if not chunk:
+            return
+        drained += len(chunk)
 
 
 async def _read_request(stream: Transport, parser: h11.Connection) -> h11.Request | None:
