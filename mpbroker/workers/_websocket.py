@@ -273,6 +273,9 @@ class WebSocketHandshakes:
                 )
             except (trio.BrokenResourceError, trio.ClosedResourceError):
                 left = True
+            except Exception as exc:
+                # One connection's failure must never take the gateway down.
+                refusal = MalformedRequest(f"{type(exc).__name__}: {exc}")
         if scope.cancelled_caught:
             log_collapsed(
                 self.log,
