@@ -96,10 +96,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
     # for other callers).
     require_fits(config)
     _check_exposure(config)
-    if config.stomp.tls_port >= 0:
+    if config.stomp.tls_port >= 0 or config.stomp.wss_port >= 0:
         from mpbroker.security import server_context
 
-        # The TLS listener's files load (ConfigError naming the setting otherwise).
+        # The TLS listeners' files load (ConfigError naming the setting otherwise).
         server_context(config.stomp)
     check_data_dir(Path(config.broker.data_dir))
     setproctitle("mpbroker: supervisor")

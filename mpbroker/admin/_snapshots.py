@@ -290,7 +290,8 @@ class GatewayStats(_Snapshot, frozen=True, tag_field="role", tag="gateway"):
             and the TLS handshake).
         connections_refused: connections it refused since it started, by kind:
             max_connections, max_connections_connecting, max_connections_per_address,
-            shutting_down, tls_handshake, authentication (a CONNECT whose login failed).
+            shutting_down, tls_handshake, websocket_handshake (refused, failed or not
+            completed in time), authentication (a CONNECT whose login failed).
         frames_in, frames_out: STOMP frames read from and written to clients since it
             started (heart-beats are not frames).
     """

@@ -169,6 +169,25 @@ class StompSettings:
     tls_port: int = _setting(
         -1, "STOMP over TLS port; -1 = no TLS listener, 0 picks a free one", min=-1, max=65535
     )
+    # STOMP over WebSocket (browsers, stomp.js): the same sessions, one frame a message.
+    ws_port: int = _setting(
+        -1,
+        "STOMP over WebSocket port (path /stomp or /ws); -1 = none, 0 picks a free one",
+        min=-1,
+        max=65535,
+    )
+    wss_port: int = _setting(
+        -1,
+        "STOMP over WebSocket over TLS port (the tls_* files); -1 = none, 0 picks a free one",
+        min=-1,
+        max=65535,
+    )
+    # Cross-site WebSocket hijacking: any page a user opens may connect to the broker.
+    ws_allowed_origins: str = _setting(
+        "",
+        "origins (https://app.example.com, comma-separated; * = any) whose pages may use "
+        "the WebSocket ports, besides localhost, 127.0.0.1 and ::1",
+    )
     tls_cert_file: str = _setting("", "the TLS listener's certificate chain (PEM)")
     tls_key_file: str = _setting("", "the private key of tls_cert_file (PEM)")
     tls_ca_file: str = _setting(

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from mpbroker.stomp._websocket import BadOrigin, parse_allowed_origins
+
 from ._errors import ConfigError
 from ._schema import Config, StoreFlowSettings
 from ._units import GiB
@@ -136,19 +138,26 @@ def check_consistency(config: Config) -> None:
             f"must not exceed stomp.max_frame_bytes = {config.stomp.max_frame_bytes}",
         )
     _check_tls(config)
+    _check_listeners(config)
 
 
 def _check_tls(config: Config) -> None:
-    """The TLS listener's settings fit together (whether its files load is for the start:
-    `mpbroker.security.server_context`)."""
+    """The TLS listeners' settings fit together (whether their files load is for the
+    start: `mpbroker.security.server_context`). Both stomp.tls_port and stomp.wss_port use
+    the stomp.tls_* files."""
     stomp = config.stomp
-    if stomp.tls_port < 0:
+    using = [
+        f"stomp.{key} = {getattr(stomp, key)}" for key in _TLS_PORTS if getattr(stomp, key) >= 0
+    ]
+    if not using:
         # Set without a TLS listener they would do nothing: say so rather than ignore them.
         for key in ("tls_cert_file", "tls_key_file", "tls_ca_file", "tls_require_client_cert"):
             value = getattr(stomp, key)
             if value:
                 raise ConfigError(
-                    f"stomp.{key}", value, "has no effect without stomp.tls_port (-1: no TLS)"
+                    f"stomp.{key}",
+                    value,
+                    "has no effect without stomp.tls_port or stomp.wss_port (-1: no TLS)",
                 )
         return
     for key in ("tls_cert_file", "tls_key_file"):
@@ -156,7 +165,7 @@ def _check_tls(config: Config) -> None:
             raise ConfigError(
                 f"stomp.{key}",
                 "",
-                f"required by stomp.tls_port = {stomp.tls_port} (a PEM file; -1 = no TLS listener)",
+                f"required by {using[0]} (a PEM file; -1 = no TLS listener)",
             )
     if stomp.tls_require_client_cert and not stomp.tls_ca_file:
         raise ConfigError(
@@ -165,9 +174,33 @@ def _check_tls(config: Config) -> None:
             "required by stomp.tls_require_client_cert = true (the CA certificates that "
             "must have signed a client's certificate, PEM)",
         )
-    if stomp.tls_port and stomp.tls_port == config.broker.port:
+
+
+# The listeners of every gateway besides broker.port, each on a port of its own.
+_TLS_PORTS = ("tls_port", "wss_port")
+_EXTRA_PORTS = ("tls_port", "ws_port", "wss_port")
+
+
+def _check_listeners(config: Config) -> None:
+    """No two listeners on one port (0 picks a free one for each), and origins that are
+    origins."""
+    stomp = config.stomp
+    taken = {config.broker.port: "broker.port"} if config.broker.port else {}
+    for key in _EXTRA_PORTS:
+        port = getattr(stomp, key)
+        if port > 0:
+            if port in taken:
+                raise ConfigError(f"stomp.{key}", port, f"must differ from {taken[port]} = {port}")
+            taken[port] = f"stomp.{key}"
+    try:
+        parse_allowed_origins(stomp.ws_allowed_origins)
+    except BadOrigin as exc:
+        raise ConfigError("stomp.ws_allowed_origins", stomp.ws_allowed_origins, str(exc)) from None
+    if stomp.ws_allowed_origins and stomp.ws_port < 0 and stomp.wss_port < 0:
         raise ConfigError(
-            "stomp.tls_port", stomp.tls_port, f"must differ from broker.port = {config.broker.port}"
+            "stomp.ws_allowed_origins",
+            stomp.ws_allowed_origins,
+            "has no effect without stomp.ws_port or stomp.wss_port (-1: no WebSocket)",
         )
 
 

@@ -284,7 +284,8 @@ class BrokerProcess(ServerProcess):
     TOML text, written next to the data directory (``<data_dir>.toml``) and passed with
     ``--config``. ``admin``: serve the admin API on a free port (:attr:`admin_port`). A
     config with ``[stomp] tls_port = 0`` (and its files) listens for STOMP over TLS on a
-    free port too (:attr:`tls_port`).
+    free port too (:attr:`tls_port`); ``ws_port = 0`` and ``wss_port = 0``, STOMP over
+    WebSocket (:attr:`ws_port`, :attr:`wss_port`).
     :meth:`stop_checked`, and so the context manager, also checks that the broker left
     nothing in /dev/shm.
     """
@@ -292,6 +293,8 @@ class BrokerProcess(ServerProcess):
     READY: ClassVar[re.Pattern[str]] = re.compile(r"mpbroker ready on (\S+):(\d+)")
     _ADMIN: ClassVar[re.Pattern[str]] = re.compile(r"admin API on http://(\S+):(\d+)")
     _TLS: ClassVar[re.Pattern[str]] = re.compile(r"STOMP over TLS on (\S+):(\d+)")
+    _WS: ClassVar[re.Pattern[str]] = re.compile(r"STOMP over WebSocket on ws://(\S+):(\d+)/")
+    _WSS: ClassVar[re.Pattern[str]] = re.compile(r"STOMP over WebSocket on wss://(\S+):(\d+)/")
 
     def __init__(
         self,
@@ -321,6 +324,9 @@ class BrokerProcess(ServerProcess):
         self.admin_port = 0
         #: The STOMP over TLS port, once started (0: none).
         self.tls_port = 0
+        #: The STOMP over WebSocket ports, plain and over TLS, once started (0: none).
+        self.ws_port = 0
+        self.wss_port = 0
 
     def start(self, timeout: float = START_TIMEOUT_S) -> Self:
         super().start(timeout)
@@ -331,6 +337,10 @@ class BrokerProcess(ServerProcess):
         # So is the TLS listener's.
         if tls := self._wait_for(self._TLS, 0, 0):
             self.tls_port = int(tls.group(2))
+        if ws := self._wait_for(self._WS, 0, 0):
+            self.ws_port = int(ws.group(2))
+        if wss := self._wait_for(self._WSS, 0, 0):
+            self.wss_port = int(wss.group(2))
         return self
 
     def workers(self) -> dict[str, psutil.Process]:

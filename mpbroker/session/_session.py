@@ -265,6 +265,10 @@ class GatewaySession:
         self._data: list[bytes | memoryview] = []
         #: Frames written to `_data` so far (the gateway's frames-out counter).
         self.frames_out = 0
+        #: Each element of `SessionOutput.data` one whole frame (or a heart-beat), for a
+        #: WebSocket connection (a frame a message); else a MESSAGE comes in pieces (its
+        #: shared tail is not copied), which a byte stream joins anyway.
+        self.whole_frames = False
         self._records: list[tuple[int, Record]] = []
         self._subs_by_id: dict[str, _Subscription] = {}
         self._subs: dict[int, _Subscription] = {}
@@ -842,6 +846,10 @@ class GatewaySession:
             )
             return True
         out = self._data
+        self.frames_out += 1
+        if self.whole_frames:
+            out.append(self._whole_message(sub, sub_handle, message, tail))
+            return True
         out.append(sub.message_prefix)
         if sub.ack_mode == ACK_AUTO:
             self._auto_delivered[sub_handle] = self._auto_delivered.get(sub_handle, 0) + 1
@@ -850,8 +858,17 @@ class GatewaySession:
             # without keeping per-message state in the gateway. Our ids need no escaping.
             out.append(f"ack:{sub_handle}/{message.message_id}\n".encode())
         out.append(tail)
-        self.frames_out += 1
         return True
+
+    def _whole_message(
+        self, sub: _Subscription, sub_handle: int, message: Message, tail: bytes
+    ) -> bytes:
+        """`deliver`'s MESSAGE frame in one piece (`whole_frames`)."""
+        if sub.ack_mode == ACK_AUTO:
+            self._auto_delivered[sub_handle] = self._auto_delivered.get(sub_handle, 0) + 1
+            return sub.message_prefix + tail
+        ack = f"ack:{sub_handle}/{message.message_id}\n".encode()
+        return b"".join((sub.message_prefix, ack, tail))
 
     def receipt(self, receipt: str, pipeline: int) -> None:
         """`pipeline` answered a frame's receipt."""

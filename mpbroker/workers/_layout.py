@@ -114,6 +114,9 @@ class WorkerSpec:
     port: int
     # The STOMP over TLS port the supervisor reserved (-1: no TLS listener).
     tls_port: int = -1
+    # The STOMP over WebSocket ports, plain and over TLS (-1: none).
+    ws_port: int = -1
+    wss_port: int = -1
 
     @property
     def title(self) -> str:

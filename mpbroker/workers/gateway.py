@@ -1,9 +1,11 @@
-"""Gateway worker: STOMP over TCP (trio) on one side, rings to the pipelines on the other.
+"""Gateway worker: STOMP over TCP, TLS or WebSocket (trio) on one side, rings to the
+pipelines on the other.
 
 A thin shell: `FrameParser` turns bytes into frames, `GatewaySession` decides what they
 mean, `Admission` decides whether a SEND may go now, and this module moves bytes between
 sockets and rings and does the waiting. Every gateway listens on the
-same port with SO_REUSEPORT, so the kernel spreads connections over them.
+same ports with SO_REUSEPORT, so the kernel spreads connections over them. A WebSocket
+connection (`_websocket`) is a stream of its own kind that takes frames one by one.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import os
 import signal
 import socket
 import time
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from functools import partial
 from pathlib import Path
 from typing import TypeAlias
@@ -66,6 +68,7 @@ from mpbroker.stomp import (
     Frame,
     FrameLimits,
     FrameParser,
+    FrameTooLarge,
     ProtocolError,
     encode_frame,
 )
@@ -82,6 +85,16 @@ from ._gateway_loops import (
     receive_run,
 )
 from ._layout import WorkerSpec
+from ._websocket import (
+    CLOSE_GOING_AWAY,
+    CLOSE_NORMAL,
+    CLOSE_POLICY,
+    CLOSE_PROTOCOL_ERROR,
+    CLOSE_TOO_BIG,
+    Transport,
+    WebSocketHandshakes,
+    WebSocketStream,
+)
 
 __all__ = ["run_gateway"]
 
@@ -90,8 +103,10 @@ log = logging.getLogger("mpbroker.gateway")
 
 _LISTEN_BACKLOG = 1024
 _CLOSE_TIMEOUT_S = 2.0
-# What a connection reads and writes: its socket, or TLS over it (stomp.tls_port).
-_ClientStream: TypeAlias = trio.SocketStream | trio.SSLStream[trio.SocketStream]
+# What a connection reads and writes: its socket, TLS over it (stomp.tls_port), or a
+# WebSocket over either (stomp.ws_port, stomp.wss_port).
+_ClientStream: TypeAlias = Transport | WebSocketStream
+_Listener: TypeAlias = trio.SocketListener | trio.SSLListener[trio.SocketStream]
 
 
 class _Admitted(enum.Enum):
@@ -178,6 +193,15 @@ class _Connection:
         self.pacer = Pacer()
         # Not yet through CONNECT: counted in the gateway's GATEWAY_CONNECTING.
         self.connecting = True
+        # A WebSocket sends each frame as a message: the session keeps them whole.
+        self.websocket = stream if isinstance(stream, WebSocketStream) else None
+        session.whole_frames = self.websocket is not None
+
+    def close_with(self, code: int) -> None:
+        """Why a WebSocket connection ends, for its close frame (the first reason
+        other than a normal end stands)."""
+        if self.websocket is not None and self.websocket.close_code == CLOSE_NORMAL:
+            self.websocket.close_code = code
 
     def notify(self) -> None:
         self.wake.set()
@@ -500,9 +524,17 @@ class Gateway:
         """A connection refused, by kind (`GatewayStats.connections_refused`)."""
         self.refused[kind] = self.refused.get(kind, 0) + 1
 
-    async def accept(self, stream: _ClientStream, tls: TlsHandshakes | None = None) -> None:
-        """A new connection (from either listener): counted against the limits, refused
-        past them; a TLS connection's handshake first, then `serve_connection`."""
+    async def accept(
+        self,
+        stream: Transport,
+        tls: TlsHandshakes | None = None,
+        ws: WebSocketHandshakes | None = None,
+    ) -> None:
+        """A new connection (from any listener): counted against the limits, refused
+        past them; a TLS connection's handshake first, a WebSocket's next, then
+        `serve_connection`."""
+        # The WebSocket handshake's deadline counts from here (TLS's time included).
+        deadline = trio.current_time() + self.config.stomp.connect_timeout_ms / 1000
         peer = _peer_name(stream)
         address = peer_address(peer)
         self.slot.add_counter(GATEWAY_CONNECTIONS, 1)
@@ -513,16 +545,20 @@ class Gateway:
             kind, reason = self._refusal(address)
             if reason:
                 self._count_refusal(kind)
-                await self._refuse(stream, peer, reason)
+                await self._refuse(stream, peer, reason, ws)
             # (A failed handshake closes its stream.)
             elif tls is not None and not (
                 isinstance(stream, trio.SSLStream) and await tls.complete(stream, peer)
             ):
                 self._count_refusal("tls_handshake")
             else:
-                self.accepted += 1
-                conn = self._open(stream, peer)
-                await self.serve_connection(conn)
+                client = stream if ws is None else await ws.complete(stream, peer, deadline)
+                if client is None:
+                    self._count_refusal("websocket_handshake")
+                else:
+                    self.accepted += 1
+                    conn = self._open(client, peer)
+                    await self.serve_connection(conn)
         finally:
             self.slot.add_counter(GATEWAY_CONNECTIONS, -1)
             if conn is None or conn.connecting:
@@ -577,7 +613,12 @@ class Gateway:
             self.frames_out_closed += session.frames_out
             # Its pipelines hear of the end last (ConnClosed), whatever ended it.
             self.flush(conn)
-            if isinstance(stream, trio.SSLStream):
+            if isinstance(stream, WebSocketStream):
+                # A close frame with the reason's code, the client's answer, then the
+                # socket (TLS's close_notify for wss), briefly.
+                with trio.move_on_after(1):
+                    await stream.aclose()
+            elif isinstance(stream, trio.SSLStream):
                 # TLS says goodbye (close_notify), or clients that wait for it (stomp.py's
                 # unwrap) report a reset after every DISCONNECT; briefly, for a client
                 # that has gone.
@@ -585,7 +626,9 @@ class Gateway:
                     await stream.aclose()
             await trio.aclose_forcefully(stream)
 
-    async def _refuse(self, stream: _ClientStream, peer: str, reason: str) -> None:
+    async def _refuse(
+        self, stream: Transport, peer: str, reason: str, ws: WebSocketHandshakes | None
+    ) -> None:
         log_collapsed(
             log,
             logging.WARNING,
@@ -601,6 +644,17 @@ class Gateway:
             await trio.aclose_forcefully(stream.transport_stream)
             return
         frame = Frame("ERROR", {"message": f"connection refused: {reason}"})
+        if ws is not None:
+            # The ERROR as a message, if the client completes its handshake at once (it
+            # does not wait for anything): a browser shows no HTTP status to a page.
+            client = await ws.complete(stream, peer, trio.current_time() + 1)
+            if client is not None:
+                client.close_code = CLOSE_POLICY
+                with trio.move_on_after(1), contextlib.suppress(trio.BrokenResourceError):
+                    await client.send_frames([encode_frame(frame)])
+                    await client.aclose()
+                await trio.aclose_forcefully(client)
+            return
         with trio.move_on_after(1), contextlib.suppress(trio.BrokenResourceError):
             await stream.send_all(encode_frame(frame))
         await trio.aclose_forcefully(stream)
@@ -636,6 +690,10 @@ class Gateway:
                     data = bytes(await conn.stream.receive_some(reader_bytes))
                 except (trio.BrokenResourceError, trio.ClosedResourceError):
                     data = b""
+                except ProtocolError as exc:
+                    # A WebSocket message past the limit (refused before it is read).
+                    self._protocol_error(conn, exc)
+                    break
             if scope.cancelled_caught:
                 # One kind each, so one does not hide another's first line.
                 if trickled:
@@ -660,16 +718,7 @@ class Gateway:
             try:
                 frames = parser.feed(data)
             except ProtocolError as exc:
-                log_collapsed(
-                    log,
-                    logging.WARNING,
-                    "protocol error",
-                    conn.peer,
-                    "protocol error from %s: %s",
-                    conn.peer,
-                    client_text(str(exc)),
-                )
-                session.frame_error(exc)
+                self._protocol_error(conn, exc)
                 frames = []
             read_at = trio.current_time()
             now = epoch_ms()
@@ -740,6 +789,20 @@ class Gateway:
                 frame_deadline += trio.current_time() - read_at
         conn.notify()  # the writer writes what is owed and ends the connection
 
+    def _protocol_error(self, conn: _Connection, exc: ProtocolError) -> None:
+        """The client broke STOMP: a line per address in 10 s, and the session's ERROR."""
+        log_collapsed(
+            log,
+            logging.WARNING,
+            "protocol error",
+            conn.peer,
+            "protocol error from %s: %s",
+            conn.peer,
+            client_text(str(exc)),
+        )
+        conn.close_with(CLOSE_TOO_BIG if isinstance(exc, FrameTooLarge) else CLOSE_PROTOCOL_ERROR)
+        conn.session.frame_error(exc)
+
     def _log_denial(self, conn: _Connection) -> None:
         """The session refused a frame for its user's permissions: a line per address in
         10 s (then a count)."""
@@ -753,6 +816,7 @@ class Gateway:
             conn.peer,
         )
         conn.session.denial = ""
+        conn.close_with(CLOSE_POLICY)
 
     async def _authenticate(self, conn: _Connection, frame: Frame) -> bool:
         """Who the CONNECT says it is, checked (a scrypt check, in a thread: it takes tens
@@ -777,6 +841,7 @@ class Gateway:
             )
             conn.session.refuse(frame, AuthenticationFailed())
             self._count_refusal("authentication")
+            conn.close_with(CLOSE_POLICY)
             return False
         if auth.users is not None:
             # A login is who the client is only where it was checked against the users.
@@ -852,12 +917,19 @@ class Gateway:
                 if scope.cancelled_caught:
                     conn.unsent.append(HEARTBEAT_BYTES)
                 continue
-            data = b"".join(conn.unsent)
-            conn.unsent.clear()
-            # Handed to the socket: its auto-ack deliveries leave their windows now.
-            session.data_sent()
-            self.flush(conn)
             try:
+                if isinstance(stream, WebSocketStream):
+                    # A message per frame: the session kept them whole.
+                    frames, conn.unsent = conn.unsent, []
+                    session.data_sent()
+                    self.flush(conn)
+                    await stream.send_frames(frames)
+                    continue
+                data = b"".join(conn.unsent)
+                conn.unsent.clear()
+                # Handed to the socket: its auto-ack deliveries leave their windows now.
+                session.data_sent()
+                self.flush(conn)
                 await stream.send_all(data)
             except (trio.BrokenResourceError, trio.ClosedResourceError):
                 session.closed()
@@ -870,6 +942,7 @@ class Gateway:
         self.stopping = True
         for conn in list(self.connections.values()):
             conn.session.broker_stopping()
+            conn.close_with(CLOSE_GOING_AWAY)
             conn.notify()
         with trio.move_on_after(2):
             while self.connections:
@@ -888,7 +961,7 @@ def _access_control(config: Config) -> AccessControl:
     return AccessControl(config.acl, config.queues.dead_letter_prefix)
 
 
-def _peer_name(stream: _ClientStream) -> str:
+def _peer_name(stream: Transport) -> str:
     """The client's HOST:PORT ("?" once it has gone); a TLS stream's socket is its
     transport's."""
     sock = stream.transport_stream.socket if isinstance(stream, trio.SSLStream) else stream.socket
@@ -921,7 +994,7 @@ async def _main(spec: WorkerSpec, stop: StopOnSignal) -> None:
     config = spec.config
     host = config.broker.host
     tls = None
-    if spec.tls_port >= 0:
+    if spec.tls_port >= 0 or spec.wss_port >= 0:
         # The supervisor loaded these files at start; a gateway that restarts loads them
         # again (they may have been replaced meanwhile).
         try:
@@ -938,13 +1011,34 @@ async def _main(spec: WorkerSpec, stop: StopOnSignal) -> None:
         raise SystemExit(1) from None
     try:
         listener = trio.SocketListener(await _listen_socket(host, spec.port))
-        tls_listener = None
-        if tls is not None:
-            tls_sock = await _listen_socket(host, spec.tls_port, " (stomp.tls_port)")
-            tls_listener = trio.SSLListener(trio.SocketListener(tls_sock), tls)
-        # The listener leaves the handshake to the first read or write; `accept` runs it
-        # first, with a deadline, so that a failure is told apart from a client that left.
+        # The TLS listeners leave the handshake to the first read or write; `accept` runs
+        # it first, with a deadline, so that a failure is told apart from a client that left.
         handshakes = TlsHandshakes(config.stomp.connect_timeout_ms / 1000, log)
+        stomp = config.stomp
+        websockets = WebSocketHandshakes(
+            stomp.ws_allowed_origins, stomp.connect_timeout_ms / 1000, stomp.max_frame_bytes, log
+        )
+        # The other listeners: (listener, how `accept` takes its connections).
+        others: list[tuple[_Listener, Callable[[Transport], Awaitable[None]]]] = []
+        if tls is not None and spec.tls_port >= 0:
+            tls_sock = await _listen_socket(host, spec.tls_port, " (stomp.tls_port)")
+            others.append(
+                (
+                    trio.SSLListener(trio.SocketListener(tls_sock), tls),
+                    partial(gateway.accept, tls=handshakes),
+                )
+            )
+        if spec.ws_port >= 0:
+            ws_sock = await _listen_socket(host, spec.ws_port, " (stomp.ws_port)")
+            others.append((trio.SocketListener(ws_sock), partial(gateway.accept, ws=websockets)))
+        if tls is not None and spec.wss_port >= 0:
+            wss_sock = await _listen_socket(host, spec.wss_port, " (stomp.wss_port)")
+            others.append(
+                (
+                    trio.SSLListener(trio.SocketListener(wss_sock), tls),
+                    partial(gateway.accept, tls=handshakes, ws=websockets),
+                )
+            )
 
         with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
             async with trio.open_nursery() as nursery:
@@ -965,9 +1059,8 @@ async def _main(spec: WorkerSpec, stop: StopOnSignal) -> None:
                         async with trio.open_nursery() as loops:
                             serve = partial(trio.serve_listeners, handler_nursery=nursery)
                             loops.start_soon(serve, gateway.accept, [listener])
-                            if tls_listener is not None:
-                                serve_tls = partial(gateway.accept, tls=handshakes)
-                                loops.start_soon(serve, serve_tls, [tls_listener])
+                            for other, handler in others:
+                                loops.start_soon(serve, handler, [other])
 
                 nursery.start_soon(accept)
                 if not stop.requested:  # (a signal before the receiver was there)
@@ -976,8 +1069,8 @@ async def _main(spec: WorkerSpec, stop: StopOnSignal) -> None:
                 gateway.slot.state = STATE_STOPPING
                 accepting.cancel()
                 await listener.aclose()
-                if tls_listener is not None:
-                    await tls_listener.aclose()
+                for other, _ in others:
+                    await other.aclose()
                 await gateway.shutdown_connections()
                 # What the connections said last (ConnClosed) reaches the pipelines, unless
                 # a ring stays full (a stopped pipeline) for longer than this.

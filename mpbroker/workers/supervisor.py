@@ -129,6 +129,11 @@ class Supervisor:
         # STOMP over TLS (stomp.tls_port; -1: none), reserved the same way.
         self.tls_holder: socket.socket | None = None
         self.tls_port = config.stomp.tls_port
+        # STOMP over WebSocket, plain and over TLS (stomp.ws_port, stomp.wss_port).
+        self.ws_holder: socket.socket | None = None
+        self.ws_port = config.stomp.ws_port
+        self.wss_holder: socket.socket | None = None
+        self.wss_port = config.stomp.wss_port
         self._stop = False
         # SIGHUP: where the configuration is read again from (None: no file to reload).
         self.reload_source = reload_source
@@ -192,7 +197,7 @@ class Supervisor:
 
     def reserve_port(self) -> None:
         """Bind (without listening) so the ports stay ours across gateway restarts: the
-        STOMP port, and the STOMP over TLS port when there is one.
+        STOMP port, and the STOMP over TLS and WebSocket ports when there are.
 
         A bound socket that does not listen receives no connections; the gateways bind the
         same port with SO_REUSEPORT and listen. With --port 0 this is how the port is chosen.
@@ -202,6 +207,11 @@ class Supervisor:
         tls_port = self.config.stomp.tls_port
         if tls_port >= 0:
             self.tls_holder, self.tls_port = _reserve(host, tls_port, " (stomp.tls_port)")
+        stomp = self.config.stomp
+        if stomp.ws_port >= 0:
+            self.ws_holder, self.ws_port = _reserve(host, stomp.ws_port, " (stomp.ws_port)")
+        if stomp.wss_port >= 0:
+            self.wss_holder, self.wss_port = _reserve(host, stomp.wss_port, " (stomp.wss_port)")
 
     def _spec(self, worker: _Worker) -> WorkerSpec:
         return WorkerSpec(
@@ -212,6 +222,8 @@ class Supervisor:
             self.config,
             self.port,
             self.tls_port,
+            self.ws_port,
+            self.wss_port,
         )
 
     def _slot_index(self, worker: _Worker) -> int:
@@ -641,8 +653,9 @@ class Supervisor:
             self.instance_lock.release()
         if self.port_holder is not None:
             self.port_holder.close()
-        if self.tls_holder is not None:
-            self.tls_holder.close()
+        for holder in (self.tls_holder, self.ws_holder, self.wss_holder):
+            if holder is not None:
+                holder.close()
         signal.set_wakeup_fd(-1)
         self._wakeup_r.close()
         self._wakeup_w.close()
@@ -735,7 +748,7 @@ def serve(config: Config, reload_source: Callable[[], Config] | None = None) -> 
         except UsersFileError as exc:
             log.error("cannot start: %s", exc)
             return EXIT_REFUSED
-    if config.stomp.tls_port >= 0:
+    if config.stomp.tls_port >= 0 or config.stomp.wss_port >= 0:
         # Loaded here to be refused before anything starts; each gateway loads them again.
         try:
             server_context(config.stomp)
@@ -764,6 +777,12 @@ def serve(config: Config, reload_source: Callable[[], Config] | None = None) -> 
         supervisor.start_admin()
         if supervisor.tls_holder is not None:
             log.info("STOMP over TLS on %s:%d", broker.host, supervisor.tls_port)
+        # As a URL: an IPv6 address in brackets.
+        url_host = f"[{broker.host}]" if ":" in broker.host else broker.host
+        if supervisor.ws_holder is not None:
+            log.info("STOMP over WebSocket on ws://%s:%d/ws", url_host, supervisor.ws_port)
+        if supervisor.wss_holder is not None:
+            log.info("STOMP over WebSocket on wss://%s:%d/ws", url_host, supervisor.wss_port)
         log.info("running %s", native.describe())
         log.info("mpbroker ready on %s:%d", broker.host, supervisor.port)
         now = time.monotonic()

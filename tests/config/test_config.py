@@ -599,3 +599,49 @@ def test_allow_anonymous_takes_a_boolean_or_auto(
     if value is not False:  # (false without a users file is refused: it protects nothing)
         config = config_from_mapping({"security": {"allow_anonymous": value}})
         assert config.security.anonymous() is True
+
+
+# -- STOMP over WebSocket ----------------------------------------------------------------
+
+
+def test_the_websocket_listeners_are_off_by_default_and_take_port_0() -> None:
+    stomp = config_from_mapping({}).stomp
+    assert (stomp.ws_port, stomp.wss_port, stomp.ws_allowed_origins) == (-1, -1, "")
+    stomp = load_config_text("[stomp]\nws_port = 0\nws_allowed_origins = '*'\n").stomp
+    assert stomp.ws_port == 0 and stomp.ws_allowed_origins == "*"
+
+
+def test_wss_needs_the_tls_files() -> None:
+    with pytest.raises(ConfigError) as info:
+        load_config_text("[stomp]\nwss_port = 0\n")
+    assert str(info.value) == (
+        "config: stomp.tls_cert_file = '': required by stomp.wss_port = 0 (a PEM file; "
+        "-1 = no TLS listener)"
+    )
+    # With them, and no tls_port: the files serve wss alone.
+    config = load_config_text(
+        "[stomp]\nwss_port = 0\ntls_cert_file = 'c.pem'\ntls_key_file = 'k.pem'\n"
+    )
+    assert config.stomp.tls_port == -1
+
+
+def test_two_listeners_on_one_port_are_refused() -> None:
+    with pytest.raises(ConfigError, match=r"stomp\.ws_port = 61613: must differ from broker\.port"):
+        load_config_text("[stomp]\nws_port = 61613\n")
+    with pytest.raises(
+        ConfigError, match=r"stomp\.wss_port = 9000: must differ from stomp\.ws_port"
+    ):
+        load_config_text(
+            "[stomp]\nws_port = 9000\nwss_port = 9000\ntls_cert_file = 'c'\ntls_key_file = 'k'\n"
+        )
+
+
+def test_allowed_origins_must_be_origins_and_need_a_websocket_port() -> None:
+    with pytest.raises(ConfigError) as info:
+        load_config_text("[stomp]\nws_port = 0\nws_allowed_origins = 'app.example.com'\n")
+    assert info.value.key == "stomp.ws_allowed_origins"
+    assert "'app.example.com' is not an origin" in str(info.value)
+    with pytest.raises(
+        ConfigError, match=r"has no effect without stomp\.ws_port or stomp\.wss_port"
+    ):
+        load_config_text("[stomp]\nws_allowed_origins = 'https://a.example'\n")

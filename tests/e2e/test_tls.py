@@ -15,6 +15,7 @@ import warnings
 from collections.abc import Iterator
 from pathlib import Path
 
+import psutil
 import pytest
 import stomp
 import trio
@@ -85,19 +86,32 @@ def stomp_py(broker: BrokerProcess, pki: Pki, certificate: Path | None = None) -
 
 
 def refused_within(conn: stomp.Connection, seconds: float) -> bool:
-    """Whether stomp.py gave up on `conn` (its transport stopped or saw an error) without
-    connecting, within `seconds`. stomp.py's own `connect(wait=True)` waits with no bound,
-    and on a TLS refusal its reader once kept waiting: a CI run hung here for 300 s."""
+    """Whether the broker refused `conn` within `seconds` without letting it connect:
+    stomp.py gave up (its transport stopped or saw an error), or the TCP connection is no
+    longer established (the broker closed it). The second, because stomp.py does not
+    always notice: its `connect(wait=True)` waits with no bound, and on a loaded machine
+    its TLS reader kept waiting on a socket the broker had closed (a CI run hung 300 s)."""
     transport = conn.transport
+    try:
+        local = transport.socket.getsockname()[:2]
+    except (AttributeError, OSError):
+        local = None  # no socket: the connection failed already
     deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        if conn.is_connected():
-            return False
-        if not transport.running or transport.connection_error:
-            return True
-        time.sleep(0.05)
-    transport.running = False  # ends its reader thread at its next read
-    return False
+    try:
+        while time.monotonic() < deadline:
+            if conn.is_connected():
+                return False
+            if not transport.running or transport.connection_error or local is None:
+                return True
+            if not any(
+                c.laddr[:2] == local and c.status == psutil.CONN_ESTABLISHED
+                for c in psutil.net_connections("tcp")
+            ):
+                return True
+            time.sleep(0.05)
+        return False
+    finally:
+        transport.running = False  # its reader thread ends at its next read
 
 
 class Collected(stomp.ConnectionListener):

@@ -35,6 +35,16 @@ def test_public_names() -> None:
         "parse_heartbeat",
         "plain_header_text",
         "unescape_header_value",
+        # The opening handshake of STOMP over WebSocket (pure decisions).
+        "BadOrigin",
+        "HandshakeRefused",
+        "MalformedRequest",
+        "RequestTooLarge",
+        "WEBSOCKET_PATHS",
+        "WEBSOCKET_SUBPROTOCOLS",
+        "WebSocketAccept",
+        "accept_request",
+        "parse_allowed_origins",
     }
     for name in stomp.__all__:
         assert getattr(stomp, name) is not None
