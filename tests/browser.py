@@ -25,10 +25,13 @@ CHROMEDRIVER = "/usr/bin/chromedriver"
 
 
 @contextmanager
-def chromium(width: int = 1366, height: int = 900) -> Iterator[webdriver.Chrome]:
-    """A headless Chromium at a laptop's screen size. Its profile is a temp dir of its own,
-    and `--disable-dev-shm-usage` keeps it out of /dev/shm (which the broker's tests check
-    is left clean)."""
+def chromium(
+    width: int = 1366, height: int = 900, arguments: tuple[str, ...] = ()
+) -> Iterator[webdriver.Chrome]:
+    """A headless Chromium at a laptop's screen size (with more command-line `arguments`,
+    e.g. `--ignore-certificate-errors` for a test CA's server). Its profile is a temp dir
+    of its own, and `--disable-dev-shm-usage` keeps it out of /dev/shm (which the broker's
+    tests check is left clean)."""
     for path in (CHROMIUM, CHROMEDRIVER):
         if shutil.which(path) is None:
             raise RuntimeError(f"{path} is missing: apt-get install chromium chromium-driver")
@@ -44,6 +47,7 @@ def chromium(width: int = 1366, height: int = 900) -> Iterator[webdriver.Chrome]
             "--disable-extensions",
             f"--user-data-dir={profile}",
             f"--window-size={width},{height}",
+            *arguments,
         ):
             options.add_argument(argument)
         options.set_capability("goog:loggingPrefs", {"browser": "ALL"})

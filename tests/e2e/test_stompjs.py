@@ -1,7 +1,9 @@
 """The real stomp.js (`@stomp/stompjs`, its UMD bundle) in a headless Chromium, against a
-broker's `stomp.ws_port`: a page served from a loopback HTTP server (its Origin is
-http://127.0.0.1:PORT, a local one) connects, subscribes with client acknowledgements,
-publishes, receives, acknowledges, takes a binary body from a TCP client, and disconnects.
+broker's `stomp.ws_port` and `stomp.wss_port`: a page served from a loopback HTTP server
+(its Origin is http://127.0.0.1:PORT, a local one) connects, subscribes with client
+acknowledgements, publishes, receives, acknowledges, takes a binary body from a TCP client,
+and disconnects. Over wss the browser is told to take the test CA's certificate
+(`--ignore-certificate-errors`).
 
 The bundle comes from the npm registry's tarball, checked against its pinned sha512 and
 cached in pytest's cache directory (reruns do not download)."""
@@ -26,6 +28,7 @@ import pytest
 from mpbroker.client import connect
 from mpbroker.harness import BrokerProcess
 from tests.browser import chromium, console_errors
+from tests.security.test_tls import make_pki
 
 pytestmark = pytest.mark.slow
 
@@ -136,19 +139,33 @@ def web_server(site: Path) -> Iterator[str]:
 
 @pytest.fixture(scope="module")
 def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrokerProcess]:
-    data = tmp_path_factory.mktemp("stompjs") / "data"
-    with BrokerProcess(gateways=2, config="[stomp]\nws_port = 0\n", data_dir=data) as proc:
+    root = tmp_path_factory.mktemp("stompjs")
+    pki = make_pki(root / "pki")
+    config = "\n".join(
+        [
+            "[stomp]",
+            "ws_port = 0",
+            "wss_port = 0",
+            f'tls_cert_file = "{pki.server_cert}"',
+            f'tls_key_file = "{pki.server_key}"',
+            "",
+        ]
+    )
+    with BrokerProcess(gateways=2, config=config, data_dir=root / "data") as proc:
         yield proc
 
 
+@pytest.mark.parametrize("scheme", ["ws", "wss"])
 def test_stomp_js_in_chromium_connects_subscribes_sends_receives_and_acks(
-    broker: BrokerProcess, web_server: str
+    broker: BrokerProcess, web_server: str, scheme: str
 ) -> None:
     with connect(broker.host, broker.port) as tcp:
         # Waiting in the queue for the page's subscription: a body that is not UTF-8.
         tcp.send("/queue/stompjs.in", BINARY_BODY, receipt=True)
-    with chromium() as driver:
-        driver.get(f"{web_server}/index.html?broker=ws://127.0.0.1:{broker.ws_port}/ws")
+    port = broker.ws_port if scheme == "ws" else broker.wss_port
+    arguments = ("--ignore-certificate-errors",) if scheme == "wss" else ()
+    with chromium(arguments=arguments) as driver:
+        driver.get(f"{web_server}/index.html?broker={scheme}://127.0.0.1:{port}/ws")
         deadline = time.monotonic() + 30
         results: dict[str, Any] = {}
         while time.monotonic() < deadline:
