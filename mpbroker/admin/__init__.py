@@ -31,8 +31,11 @@ from ._snapshots import (
     TopicWorkerStats,
     WorkerStats,
     WorkerStatus,
+    consumers_of,
     decode,
     encode,
+    stopped_by,
+    waiting_of,
     without_details,
 )
 
@@ -55,10 +58,13 @@ __all__ = [
     "TopicWorkerStats",
     "WorkerStats",
     "WorkerStatus",
+    "consumers_of",
     "decode",
     "encode",
     "queue_worker_stats",
     "stats_period_ms",
+    "stopped_by",
     "topic_worker_stats",
+    "waiting_of",
     "without_details",
 ]

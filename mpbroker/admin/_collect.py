@@ -119,10 +119,13 @@ def queue_worker_stats(
     engine: QueueEngine,
     trackers: list[tuple[str, FlowTracker]],
     temp_store: TempStoreStats | None,
+    quota_stops: dict[str, str] | None = None,
 ) -> QueueWorkerStats:
     """Every queue: waiting and unacknowledged messages, and per store its counts,
-    watermarks and stop; the stores' global counts and stops; every consumer."""
+    watermarks and stop; the stores' global counts and stops; every consumer.
+    `quota_stops`: the queues whose quotas hold their producers now, and why."""
     tracked = _tracked(trackers)
+    quota_stops = quota_stops or {}
     rows = []
     for name, queue in sorted(engine.queues.items()):
         enqueued, dequeued, expired, dead_lettered, stops = _totals(name, engine, tracked)
@@ -133,6 +136,7 @@ def queue_worker_stats(
                 unacknowledged=queue.held_messages - len(queue.pending),
                 consumers=len(queue.consumers),
                 stores=_store_figures(name, tracked),
+                quota_stopped=quota_stops.get(name, ""),
                 enqueued=enqueued,
                 dequeued=dequeued,
                 expired=expired,
@@ -175,26 +179,44 @@ def topic_worker_stats(
     names = set(engine.topics) | {
         name for _, tracker in trackers for name in tracker.tracked_destinations()
     }
+    # Durable subscribers' windows, what they acknowledged and what expired waiting for
+    # them are in their durable queues (`durable_queues`): added to their topics'.
+    # A live durable subscriber is the durable queue's consumer, not the topic engine's:
+    # counted as its topic's subscriber here. A topic with durable subscriptions is listed
+    # whatever it holds.
+    durable_sums: dict[str, tuple[int, int, int, int]] = {}
+    for row in durable:
+        active, unacked, dequeued, expired = durable_sums.get(row.topic, (0, 0, 0, 0))
+        durable_sums[row.topic] = (
+            active + (row.state != "inactive"),
+            unacked + row.unacknowledged,
+            dequeued + row.dequeued,
+            expired + row.expired,
+        )
+    names.update(durable_sums)
     rows = []
     for name in sorted(names):
         subscribers = engine.topics.get(name, [])
         mark = engine.live_mark_for(name)
         enqueued, dequeued, expired, dead_lettered, stop_count = _totals(name, engine, tracked)
+        durable_active, durable_unacked, durable_dequeued, durable_expired = durable_sums.get(
+            name, (0, 0, 0, 0)
+        )
         rows.append(
             TopicRow(
                 name=name,
                 # Parked durable subscriptions (away) are not subscribers; their backlog
                 # counts in the deepest one.
-                subscribers=sum(not c.parked for c in subscribers),
+                subscribers=sum(not c.parked for c in subscribers) + durable_active,
                 deepest_backlog=max((len(c.pending) for c in subscribers), default=0),
                 live_msg_high=mark.high,
                 live_msg_low=mark.low,
                 stopped=stops.get(name, ""),
                 stores=_store_figures(name, tracked),
-                unacknowledged=sum(len(c.unacked) for c in subscribers),
+                unacknowledged=sum(len(c.unacked) for c in subscribers) + durable_unacked,
                 enqueued=enqueued,
-                dequeued=dequeued,
-                expired=expired,
+                dequeued=dequeued + durable_dequeued,
+                expired=expired + durable_expired,
                 dead_lettered=dead_lettered,
                 stops=stop_count,
             )

@@ -37,8 +37,11 @@ __all__ = [
     "TopicWorkerStats",
     "WorkerStats",
     "WorkerStatus",
+    "consumers_of",
     "decode",
     "encode",
+    "stopped_by",
+    "waiting_of",
     "without_details",
 ]
 
@@ -100,6 +103,8 @@ class QueueRow(_Snapshot, frozen=True, tag_field="kind", tag="queue"):
         unacknowledged: messages delivered and not yet acknowledged.
         consumers: subscriptions to it.
         stores: per store (vol_queue_store, pers_queue_store) what it holds there.
+        quota_stopped: why its quota ([[quotas]]) holds its producers now ("" when it
+            does not).
         enqueued: messages sent to it since its worker started (dead-letter copies
             included).
         dequeued: messages acknowledged by its consumers (auto mode: written to them).
@@ -116,6 +121,7 @@ class QueueRow(_Snapshot, frozen=True, tag_field="kind", tag="queue"):
     unacknowledged: int
     consumers: int
     stores: dict[str, StoreFigures]
+    quota_stopped: str = ""
     enqueued: int = 0
     dequeued: int = 0
     expired: int = 0
@@ -209,6 +215,9 @@ class DurableRow(_Snapshot, frozen=True):
             its subscriber is away or replaying; its stored (persistent) backlog is in
             the replay worker's `backlogs`.
         unacknowledged: messages delivered to its subscriber and not yet acknowledged.
+        dequeued, expired: messages its subscribers acknowledged, and messages that
+            expired waiting for it, since the worker started (they count in its topic's
+            `dequeued` and `expired` too).
         worker: in `FlowView` only: the worker that holds it.
     """
 
@@ -217,6 +226,8 @@ class DurableRow(_Snapshot, frozen=True):
     state: str
     kept: int = 0
     unacknowledged: int = 0
+    dequeued: int = 0
+    expired: int = 0
     worker: str | None = None
 
 
@@ -292,8 +303,9 @@ class GatewayStats(_Snapshot, frozen=True, tag_field="role", tag="gateway"):
             max_connections, max_connections_connecting, max_connections_per_address,
             shutting_down, tls_handshake, websocket_handshake (refused, failed or not
             completed in time), authentication (a CONNECT whose login failed).
-        frames_in, frames_out: STOMP frames read from and written to clients since it
-            started (heart-beats are not frames).
+        frames_in, frames_out: STOMP frames read from clients, and made for them, since
+            it started (heart-beats are not frames; a frame made for a connection that
+            ended before it was written counts all the same).
     """
 
     title: str
@@ -382,8 +394,8 @@ class ReplayStats(_Snapshot, frozen=True, tag_field="role", tag="replay"):
         in_flight_bytes: replayed bytes not yet taken by their owners.
         batches, messages: replayed so far.
         backlogs: per durable subscription of the partitions it serves, the stored
-            messages it still owes an ack for (read every `BACKLOG_PERIOD_MS`; a
-            subscription that owes none is left out).
+            messages it still owes an ack for (counted every 5 s, less often when counting
+            takes more than 5 % of that; a subscription that owes none is left out).
         backlogs_at_ms: when `backlogs` was read (None before the first reading).
         publish_ms: how long its previous snapshot took to build and publish.
         error: set when the snapshot could not be published whole (its lists are empty).
@@ -525,6 +537,28 @@ class FlowView(_Snapshot, frozen=True):
     durable_subscriptions: list[DurableRow]
     durable_subscriptions_not_shown: int
     destinations_matching: int | None = None
+
+
+# -- what a destination row says, whatever its kind -------------------------------------------
+
+
+def stopped_by(row: QueueRow | TopicRow) -> str:
+    """What stops a destination's producers now ("" when they may send): a topic's live
+    buffer first, then its stores in order, then a queue's quota."""
+    if isinstance(row, TopicRow) and row.stopped:
+        return row.stopped
+    stopped = next((figures.stopped for figures in row.stores.values() if figures.stopped), "")
+    return stopped or (row.quota_stopped if isinstance(row, QueueRow) else "")
+
+
+def waiting_of(row: QueueRow | TopicRow) -> int:
+    """Messages waiting: a queue's for a consumer, a topic's for its slowest subscriber."""
+    return row.waiting if isinstance(row, QueueRow) else row.deepest_backlog
+
+
+def consumers_of(row: QueueRow | TopicRow) -> int:
+    """A queue's consumers, a topic's subscribers."""
+    return row.consumers if isinstance(row, QueueRow) else row.subscribers
 
 
 # -- encoding ------------------------------------------------------------------------------

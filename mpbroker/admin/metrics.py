@@ -35,6 +35,9 @@ from ._snapshots import (
     StatusView,
     TopicRow,
     TopicWorkerStats,
+    consumers_of,
+    stopped_by,
+    waiting_of,
 )
 
 __all__ = ["CONTENT_TYPE", "OTHER", "SeriesCap", "exposition"]
@@ -91,12 +94,8 @@ class _Destination:
     held: int = 0
 
     def add(self, row: QueueRow | TopicRow, held: int) -> None:
-        if isinstance(row, QueueRow):
-            self.waiting += row.waiting
-            self.consumers += row.consumers
-        else:
-            self.waiting += row.deepest_backlog
-            self.consumers += row.subscribers
+        self.waiting += waiting_of(row)
+        self.consumers += consumers_of(row)
         self.in_flight += row.unacknowledged
         self.bytes += sum(store.bytes for store in row.stores.values())
         self.enqueued += row.enqueued
@@ -104,14 +103,8 @@ class _Destination:
         self.expired += row.expired
         self.dead_lettered += row.dead_lettered
         self.stops += row.stops
-        self.stopped += _is_stopped(row)
+        self.stopped += stopped_by(row) != ""
         self.held += held
-
-
-def _is_stopped(row: QueueRow | TopicRow) -> bool:
-    if isinstance(row, TopicRow) and row.stopped:
-        return True
-    return any(store.stopped for store in row.stores.values())
 
 
 @dataclass

@@ -65,8 +65,11 @@ from ._snapshots import (
     TopicWorkerStats,
     WorkerStats,
     WorkerStatus,
+    consumers_of,
     decode,
     encode,
+    stopped_by,
+    waiting_of,
 )
 from .access import CHALLENGE, Access, AdminGuard
 from .metrics import CONTENT_TYPE, SeriesCap, exposition
@@ -118,6 +121,10 @@ def page_of(query: Mapping[str, list[str]], known: tuple[str, ...] = ("offset", 
     if unknown:
         names = ", ".join(known[:-1]) + f" and {known[-1]}"
         raise BadRequest(f"unknown parameter {unknown[0]!r} ({names} are known)")
+    repeated = sorted(name for name, values in query.items() if len(values) > 1)
+    if repeated:
+        # Which of two values was meant is not for us to guess.
+        raise BadRequest(f"parameter {repeated[0]!r} given more than once")
     numbers: dict[str, int] = {}
     for name in ("offset", "limit"):
         if name not in query:
@@ -132,16 +139,8 @@ def page_of(query: Mapping[str, list[str]], known: tuple[str, ...] = ("offset", 
     return numbers.get("offset", 0), numbers.get("limit")
 
 
-def _stop_of(row: QueueRow | TopicRow) -> str:
-    """What stops a destination's producers now ("" when they may send): a topic's live
-    buffer first, then its stores in order."""
-    if isinstance(row, TopicRow) and row.stopped:
-        return row.stopped
-    return next((figures.stopped for figures in row.stores.values() if figures.stopped), "")
-
-
 def _backlog(row: QueueRow | TopicRow) -> int:
-    return row.waiting + row.unacknowledged if isinstance(row, QueueRow) else row.deepest_backlog
+    return waiting_of(row) + row.unacknowledged if isinstance(row, QueueRow) else waiting_of(row)
 
 
 # Per sort key: what it sorts by (for a row and the worker that owns it), and whether it
@@ -152,19 +151,10 @@ _SORTS: dict[str, tuple[_SortKey, bool]] = {
     "name": (lambda worker, row: row.name, False),
     "kind": (lambda worker, row: isinstance(row, TopicRow), False),
     "backlog": (lambda worker, row: _backlog(row), True),
-    "waiting": (
-        lambda worker, row: row.waiting if isinstance(row, QueueRow) else row.deepest_backlog,
-        True,
-    ),
-    "unacknowledged": (
-        lambda worker, row: row.unacknowledged if isinstance(row, QueueRow) else 0,
-        True,
-    ),
-    "consumers": (
-        lambda worker, row: row.consumers if isinstance(row, QueueRow) else row.subscribers,
-        True,
-    ),
-    "stopped": (lambda worker, row: _stop_of(row) != "", True),
+    "waiting": (lambda worker, row: waiting_of(row), True),
+    "unacknowledged": (lambda worker, row: row.unacknowledged, True),
+    "consumers": (lambda worker, row: consumers_of(row), True),
+    "stopped": (lambda worker, row: stopped_by(row) != "", True),
     "worker": (lambda worker, row: worker, False),
 }
 SORT_KEYS: tuple[str, ...] = tuple(_SORTS)
@@ -479,6 +469,10 @@ class AdminServer:
                     self._metrics(url.query)
                     return
                 if url.path in static:
+                    if url.query:
+                        # Nothing is ignored: the page and its files take no parameters.
+                        self._reply(400, {"error": f"{url.path} takes no parameters"})
+                        return
                     body, kind = static[url.path]
                     self._reply(200, body, content_type=kind)
                     return

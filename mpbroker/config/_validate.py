@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from mpbroker.stomp._websocket import BadOrigin, parse_allowed_origins
+from mpbroker.stomp import BadOrigin, parse_allowed_origins
 
 from ._errors import ConfigError
 from ._schema import Config, StoreFlowSettings

@@ -39,6 +39,7 @@ class DestinationTotals:
         self.counts: dict[str, list[int]] = {}
 
     def add(self, destination: str, which: int, count: int = 1) -> None:
+        """`count` more of `which` (ENQUEUED, DEQUEUED, ...) for `destination`."""
         counts = self.counts.get(destination)
         if counts is None:
             counts = self.counts[destination] = [0] * _FIELDS

@@ -40,6 +40,8 @@ from mpbroker.admin import DurableRow
 from mpbroker.clock import epoch_ms
 from mpbroker.config import Config
 from mpbroker.engine import (
+    DEQUEUED,
+    EXPIRED,
     ConsumerKey,
     Outbox,
     QueueEffects,
@@ -359,10 +361,12 @@ class Durables:
         """For the admin API: every durable subscription and what it is doing."""
         parked = self.topics.consumers
         windows = self.queues.consumers
+        totals = self.queues.totals
         rows = []
         for d in sorted(self.subs.values(), key=lambda d: d.name):
             kept = parked.get(d.parked_key) if d.parked_key is not None else None
             window = windows.get(d.consumer) if d.consumer is not None else None
+            counts = totals.of(durable_queue(d.name))
             rows.append(
                 DurableRow(
                     name=d.name,
@@ -370,8 +374,12 @@ class Durables:
                     state="replaying" if d.replaying else "live" if d.consumer else "inactive",
                     kept=0 if kept is None else len(kept.pending),
                     unacknowledged=0 if window is None else len(window.unacked),
+                    dequeued=counts[DEQUEUED],
+                    expired=counts[EXPIRED],
                 )
             )
+        if len(totals.counts) > totals.cap:
+            totals.prune({durable_queue(name) for name in self.subs})
         return rows
 
     def _settled_in_store(self, rows: list[tuple[str, int]]) -> None:

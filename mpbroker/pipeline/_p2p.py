@@ -13,7 +13,7 @@ from collections.abc import Callable
 
 from mpbroker.admin import QueueWorkerStats, queue_worker_stats
 from mpbroker.config import Config
-from mpbroker.engine import Engine, Outbox, QueueEngine
+from mpbroker.engine import STOPS, Engine, Outbox, QueueEngine
 from mpbroker.flow import (
     STORE_PERSISTENT_QUEUES,
     STORE_QUOTAS,
@@ -119,7 +119,10 @@ class P2PPipeline(Pipeline):
 
     def statistics(self, title: str, pid: int, at_ms: int) -> QueueWorkerStats:
         temp = self.paging.statistics() if self.paging is not None else None
-        return queue_worker_stats(title, pid, at_ms, self.queue_engine, self.flow_trackers, temp)
+        quota_stops = self.quota_room.stops() if self.quota_room is not None else None
+        return queue_worker_stats(
+            title, pid, at_ms, self.queue_engine, self.flow_trackers, temp, quota_stops
+        )
 
     def close(self, *, clean: bool = False) -> None:
         if clean:
@@ -171,6 +174,8 @@ class P2PPipeline(Pipeline):
             for gateway, record in admitted:
                 self._handle(gateway, record, reserved=True)
             for change in changes:
+                if change.reason:  # (a change with a reason is a new stop)
+                    self.queue_engine.totals.add(change.destination, STOPS)
                 self._announce(
                     FlowState(self.index, STORE_QUOTAS, change.destination, change.reason)
                 )

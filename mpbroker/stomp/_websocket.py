@@ -5,7 +5,7 @@ section 4.2), with no socket in sight.
 answer with (the subprotocol chosen and the Sec-WebSocket-Accept token) or raises a
 `HandshakeRefused` whose `response()` is the HTTP answer, a plain-text body saying why.
 
-The checks, in order: GET only; path `/stomp` or `/ws` (with any query string); a WebSocket
+The checks, in order: GET only; path `/stomp` or `/ws` (no query string); a WebSocket
 upgrade of version 13 with a key; the Origin (cross-site WebSocket hijacking: any web page
 can open ws://127.0.0.1:PORT, and a broker without users lets everyone do everything); the
 subprotocol, the highest STOMP version the client offers.
@@ -30,6 +30,7 @@ __all__ = [
     "MalformedRequest",
     "NotWebSocket",
     "RequestTooLarge",
+    "UnknownParameter",
     "UnknownPath",
     "UnsupportedSubprotocol",
     "WebSocketAccept",
@@ -169,13 +170,31 @@ class UnsupportedSubprotocol(HandshakeRefused):
 
 
 class BadOrigin(ValueError):
-    """A stomp.ws_allowed_origins entry that is not an origin."""
+    """A stomp.ws_allowed_origins entry that is not an origin, or `*` beside others (which
+    it would make pointless)."""
 
     def __init__(self, entry: str) -> None:
         self.entry = entry
+        if entry == "*":
+            text = "'*' (any origin) with other origins: give either * alone, or the origins"
+        else:
+            text = (
+                f"{entry!r} is not an origin: write scheme://host[:port] "
+                "(https://app.example.com), or * for any"
+            )
+        super().__init__(text)
+
+
+class UnknownParameter(HandshakeRefused):
+    """A query string on the WebSocket path: nothing is read from one, so it is refused
+    rather than ignored."""
+
+    def __init__(self, query: str) -> None:
+        self.query = query
+        name = query.partition("&")[0].partition("=")[0]
         super().__init__(
-            f"{entry!r} is not an origin: write scheme://host[:port] "
-            "(https://app.example.com), or * for any"
+            f"query parameter {_show(name)} not supported: "
+            f"{' and '.join(WEBSOCKET_PATHS)} take none (log in with CONNECT's login and passcode)"
         )
 
 
@@ -228,7 +247,7 @@ def _origin_key(origin: str) -> tuple[str, str, int] | None:
     if not host:
         return None
     if port_text:
-        if not port_text.isdigit() or not 0 < int(port_text) < 65536:
+        if not (port_text.isascii() and port_text.isdigit()) or not 0 < int(port_text) < 65536:
             return None
         port = int(port_text)
     else:
@@ -241,6 +260,8 @@ def parse_allowed_origins(text: str) -> frozenset[tuple[str, str, int]] | None:
     BadOrigin for an entry that is not one."""
     entries = [entry.strip() for entry in text.split(",") if entry.strip()]
     if "*" in entries:
+        if len(entries) > 1:
+            raise BadOrigin("*")
         return None
     keys = set()
     for entry in entries:
@@ -290,9 +311,11 @@ def accept_request(
     any case; a header given twice counts as its values joined by commas."""
     if method != "GET":
         raise WrongMethod(method)
-    path = target.partition("?")[0]
+    path, question, query = target.partition("?")
     if path not in WEBSOCKET_PATHS:
         raise UnknownPath(path)
+    if question:
+        raise UnknownParameter(query)
     found: dict[str, list[str]] = {}
     for name, value in headers:
         found.setdefault(name.lower(), []).append(value)
@@ -310,7 +333,10 @@ def accept_request(
         valid = False
     if not valid:
         raise MalformedRequest("Sec-WebSocket-Key is not 16 bytes in base64")
-    origins = found.get("origin")
+    origins = found.get("origin", [])
+    if len(origins) > 1:
+        # A browser sends one; which of several to judge is not for us to guess.
+        raise MalformedRequest("more than one Origin header")
     origin = origins[0] if origins else None
     if not origin_allowed(origin, allowed):
         raise ForeignOrigin(origin or "")

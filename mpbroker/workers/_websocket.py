@@ -92,6 +92,10 @@ class WebSocketStream(trio.abc.AsyncResource):
         # holds the lock sends what is owed (`_owed`), so no two tasks send at once.
         self._send_lock = trio.Lock()
         self._owed: list[bytes] = []
+        # The answer to the latest ping while the writer holds the lock: only the latest
+        # is answered (RFC 6455 5.5.3), so a client that floods pings and reads nothing
+        # cannot make answers pile up.
+        self._pong: bytes | None = None
         self._pending: list[bytes] = []
         self._message_bytes = 0
         self._error: ProtocolError | None = None
@@ -142,7 +146,11 @@ class WebSocketStream(trio.abc.AsyncResource):
                 if event.message_finished:
                     self._message_bytes = 0
             elif isinstance(event, Ping):
-                await self._send_control(self._ws.send(event.response()))
+                pong = self._ws.send(event.response())
+                if self._send_lock.locked():
+                    self._pong = pong
+                else:
+                    await self._send_control(pong)
             elif isinstance(event, CloseConnection):
                 self._ended = True
                 if self._ws.state is ConnectionState.REMOTE_CLOSING:
@@ -173,10 +181,18 @@ class WebSocketStream(trio.abc.AsyncResource):
                 await self._drain()
 
     async def _drain(self) -> None:
-        while self._owed:
+        while self._owed or self._pong is not None:
+            if self._pong is not None:
+                self._owed.append(self._pong)
+                self._pong = None
             data = b"".join(self._owed)
             self._owed.clear()
             await self.transport.send_all(data)
+
+    @property
+    def is_open(self) -> bool:
+        """Whether frames may still be sent (no close was sent or received)."""
+        return self._ws.state is ConnectionState.OPEN
 
     async def send_frames(self, frames: list[bytes | memoryview]) -> None:
         """Each frame (or heart-beat EOL) as one message: text when it is UTF-8, which a
@@ -247,6 +263,7 @@ class WebSocketHandshakes:
         """Read the request, answer it: the WebSocket when it is taken, None when it is
         not (refused, the client left or was too slow: its stream is closed)."""
         parser = h11.Connection(h11.SERVER, max_incomplete_event_size=MAX_REQUEST_HEAD)
+        waited_s = deadline - trio.current_time()  # (for the log: a refusal waits 1 s)
         refusal: HandshakeRefused | None = None
         accepted = None
         left = False
@@ -273,19 +290,21 @@ class WebSocketHandshakes:
                 )
             except (trio.BrokenResourceError, trio.ClosedResourceError):
                 left = True
-            except Exception as exc:
-                # One connection's failure must never take the gateway down.
-                refusal = MalformedRequest(f"{type(exc).__name__}: {exc}")
+            except Exception:
+                # One connection's failure must never take the gateway down; what went
+                # wrong is for the log, not for the client.
+                self.log.exception("WebSocket handshake from %s failed", peer)
+                refusal = MalformedRequest("the broker could not read it")
         if scope.cancelled_caught:
             log_collapsed(
                 self.log,
                 logging.INFO,
                 "WebSocket handshake not completed",
                 peer,
-                "WebSocket handshake not completed from %s: none within %.0f ms "
-                "(stomp.connect_timeout_ms)",
+                "WebSocket handshake not completed from %s: none within %.0f ms%s",
                 peer,
-                self.timeout_s * 1000,
+                waited_s * 1000,
+                " (stomp.connect_timeout_ms)" if waited_s >= self.timeout_s else "",
             )
         elif refusal is not None:
             log_collapsed(

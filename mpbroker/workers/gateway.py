@@ -649,7 +649,7 @@ class Gateway:
             # does not wait for anything): a browser shows no HTTP status to a page.
             client = await ws.complete(stream, peer, trio.current_time() + 1)
             if client is not None:
-                client.close_code = CLOSE_POLICY
+                client.close_code = CLOSE_GOING_AWAY if self.stopping else CLOSE_POLICY
                 with trio.move_on_after(1), contextlib.suppress(trio.BrokenResourceError):
                     await client.send_frames([encode_frame(frame)])
                     await client.aclose()
@@ -919,6 +919,11 @@ class Gateway:
                 continue
             try:
                 if isinstance(stream, WebSocketStream):
+                    if not stream.is_open:
+                        # Closed (the client's close came): nothing more is written, so
+                        # its auto-ack deliveries must not count as sent.
+                        session.closed()
+                        return
                     # A message per frame: the session kept them whole.
                     frames, conn.unsent = conn.unsent, []
                     session.data_sent()

@@ -288,7 +288,6 @@ def server() -> Iterator[AdminServer]:
         ("/", "index.html", "text/html; charset=utf-8"),
         ("/static/dashboard.js", "dashboard.js", "text/javascript; charset=utf-8"),
         ("/static/dashboard.css", "dashboard.css", "text/css; charset=utf-8"),
-        ("/?from=bookmark", "index.html", "text/html; charset=utf-8"),
     ],
 )
 def test_the_dashboards_files_are_served_with_their_type_and_security_headers(
@@ -302,6 +301,15 @@ def test_the_dashboards_files_are_served_with_their_type_and_security_headers(
     for directive in ("default-src 'self'", "script-src 'self'", "frame-ancestors 'none'"):
         assert directive in policy
     assert "unsafe-inline" not in policy and "unsafe-eval" not in policy
+
+
+@pytest.mark.parametrize("path", ["/?from=bookmark", "/static/dashboard.js?v=2"])
+def test_the_page_and_its_files_refuse_parameters_rather_than_ignore_them(
+    server: AdminServer, path: str
+) -> None:
+    code, headers, body = fetch(server, path)
+    assert code == 400 and headers["Content-Type"] == "application/json"
+    assert json.loads(body) == {"error": f"{path.partition('?')[0]} takes no parameters"}
 
 
 def test_the_page_loads_only_its_own_files_and_has_no_inline_script() -> None:

@@ -217,6 +217,7 @@ def test_paging_parameters(query: dict[str, list[str]], page: tuple[int, int | N
         ({"offset": ["-1"]}, "offset must be 0 or more, not -1"),
         ({"offset": [""]}, "offset must be a whole number, not ''"),
         ({"page": ["2"]}, "unknown parameter 'page'"),
+        ({"limit": ["5", "10"]}, "parameter 'limit' given more than once"),
     ],
 )
 def test_bad_paging_parameters_are_refused(query: dict[str, list[str]], error: str) -> None:

@@ -185,6 +185,20 @@ def test_a_durable_subscription_s_stored_backlog(broker: BrokerProcess) -> None:
     assert samples[("mpbroker_durable_subscription_active", frozenset(labels.items()))] == 0
     topic = frozenset({("destination", "/topic/m.audit"), ("kind", "topic")})
     assert samples[("mpbroker_destination_messages_enqueued_total", topic)] == 3
+    # Back, it takes its backlog and acknowledges it: the topic counts its dequeues.
+    with connect(broker.host, broker.port, client_id="metrics-app", **APP) as conn:
+        sub = conn.subscribe("/topic/m.audit", ack="client-individual", headers=durable)
+        for _ in range(3):
+            message = sub.get(timeout=10)
+            assert message is not None
+            conn.ack(message, receipt=True)
+        dequeued = dict(topic)
+        eventually(shows(broker, "mpbroker_destination_messages_dequeued_total", 3, **dequeued))
+        eventually(shows(broker, "mpbroker_durable_subscription_active", 1, **labels))
+        # Its subscriber counts as the topic's (the topic is there while it has durable
+        # subscriptions, whatever it holds).
+        eventually(shows(broker, "mpbroker_destination_consumers", 1, **dequeued))
+    eventually(shows(broker, "mpbroker_durable_subscription_messages", 0, **labels), timeout=20)
 
 
 def test_a_killed_worker_counts_a_restart(broker: BrokerProcess) -> None:

@@ -8,6 +8,7 @@ from typing import Any, TypeVar
 
 import pytest
 
+from mpbroker.admin import stopped_by
 from mpbroker.config import Config, config_from_mapping
 from mpbroker.flow import STORE_QUOTAS, STORE_VOLATILE_QUEUES
 from mpbroker.pipeline import P2PPipeline
@@ -160,10 +161,19 @@ def test_a_full_quota_holds_a_send_until_a_message_leaves(open_pipeline: Any) ->
     assert of_type(out, FlowState, 1) == [
         FlowState(0, STORE_QUOTAS, "/queue/q", "quota one max_messages 1, max_bytes 1024")
     ]
+    # The admin API (and /metrics) see the stop, and count it.
+    [row] = pipeline.statistics("p2p 0", 1, 0).destinations
+    assert (row.quota_stopped, stopped_by(row), row.stops) == (
+        "quota one max_messages 1, max_bytes 1024",
+        "quota one max_messages 1, max_bytes 1024",
+        1,
+    )
     turn(pipeline, (0, subscribe()))
     out = turn(pipeline, (0, Ack(1, 1, "m1")))  # m1 leaves: m2 is let in
     assert of_type(out, Receipt) == [Receipt(1, "r2")]
     assert of_type(out, FlowState, 1) == [FlowState(0, STORE_QUOTAS, "/queue/q", "")]
+    [row] = pipeline.statistics("p2p 0", 1, 0).destinations
+    assert (row.quota_stopped, row.stops) == ("", 1)
 
 
 def test_a_commit_receipt_waits_for_its_send_in_the_quota_room(open_pipeline: Any) -> None:

@@ -56,7 +56,7 @@ def test_the_accept_token_is_rfc_6455s_example() -> None:
 def test_a_browsers_request_is_accepted_with_the_highest_stomp_version() -> None:
     accepted = accept_request(
         "GET",
-        "/stomp?token=x",
+        "/stomp",
         headers(Sec_WebSocket_Protocol="v10.stomp, v12.stomp", Origin="http://localhost:3000"),
         APP,
     )
@@ -198,7 +198,34 @@ def test_origins_refused(origin: str) -> None:
 
 def test_a_star_allows_any_origin() -> None:
     assert parse_allowed_origins("*") is None
-    assert origin_allowed("https://evil.example", parse_allowed_origins("https://a.example, *"))
+    assert origin_allowed("https://evil.example", parse_allowed_origins(" * "))
+
+
+def test_a_star_beside_origins_is_refused_rather_than_making_them_pointless() -> None:
+    with pytest.raises(BadOrigin, match=r"'\*' \(any origin\) with other origins"):
+        parse_allowed_origins("https://a.example, *")
+
+
+def test_a_port_of_digits_other_than_ascii_is_no_port() -> None:
+    assert not origin_allowed("https://app.example.com:\u0664\u0664\u0663", APP)
+    with pytest.raises(BadOrigin):
+        parse_allowed_origins("https://app.example.com:\u0664\u0664\u0663")
+
+
+def test_a_query_string_is_refused_not_ignored() -> None:
+    refused = refusal(target="/ws?token=secret&x=1")
+    assert refused.status == 400
+    assert str(refused) == (
+        "query parameter 'token' not supported: /stomp and /ws take none "
+        "(log in with CONNECT's login and passcode)"
+    )
+    assert refusal(target="/stomp?").status == 400
+
+
+def test_two_origin_headers_are_refused() -> None:
+    request = [*headers(), ("Origin", "http://localhost"), ("Origin", "https://evil.example")]
+    with pytest.raises(MalformedRequest, match="more than one Origin header"):
+        accept_request("GET", "/ws", request, APP)
 
 
 @pytest.mark.parametrize(
