@@ -231,13 +231,20 @@ def test_a_message_of_many_small_frames_past_the_limit_is_refused_too(
 
 
 def test_both_paths_and_no_subprotocol_are_taken(broker: BrokerProcess) -> None:
-    with ws(broker, path="/stomp?client=test") as client:
+    with ws(broker, path="/stomp") as client:
         connected(client)
     with ws(broker, subprotocols=()) as client:
         assert client.subprotocol is None
         connected(client)
     with ws(broker, subprotocols=("v10.stomp",)) as client:
         assert client.subprotocol == "v10.stomp"
+
+
+def test_a_query_string_is_a_400_not_ignored(broker: BrokerProcess) -> None:
+    with pytest.raises(Rejected) as caught:
+        ws(broker, path="/stomp?client=test")
+    assert caught.value.status == 400
+    assert b"query parameter 'client' not supported" in caught.value.body
 
 
 def test_a_foreign_subprotocol_is_a_400(broker: BrokerProcess) -> None:
