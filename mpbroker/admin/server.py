@@ -30,7 +30,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from importlib import resources
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 from urllib.parse import parse_qs, urlsplit
 
 import msgspec
@@ -72,7 +72,9 @@ from ._snapshots import (
     waiting_of,
 )
 from .access import CHALLENGE, Access, AdminGuard
-from .metrics import CONTENT_TYPE, SeriesCap, exposition
+
+if TYPE_CHECKING:
+    from .metrics import SeriesCap
 
 __all__ = [
     "LOCAL_NAMES",
@@ -427,13 +429,18 @@ class AdminServer:
         static = _static_pages()
         self.guard = guard = AdminGuard(users)
         # Scrapes may come at once (a thread each); the caps remember what they admitted.
+        # prometheus-client is imported at the first scrape: a broker nobody scrapes does
+        # not hold it (1.4 MiB of the supervisor's memory).
         metrics_lock = threading.Lock()
-        destination_cap = SeriesCap(metrics_max_destinations)
-        subscription_cap = SeriesCap(metrics_max_destinations)
+        caps: list[SeriesCap] = []
 
         def metrics() -> bytes:
+            from .metrics import SeriesCap, exposition
+
             with metrics_lock:
-                return exposition(status(), destination_cap, subscription_cap, __version__)
+                if not caps:
+                    caps.extend(SeriesCap(metrics_max_destinations) for _ in range(2))
+                return exposition(status(), caps[0], caps[1], __version__)
 
         class Handler(BaseHTTPRequestHandler):
             # A client that opens a connection and sends nothing does not keep a thread.
@@ -496,6 +503,8 @@ class AdminServer:
                     name = next(iter(parse_qs(query, keep_blank_values=True)), query)
                     self._reply(400, {"error": f"unknown parameter {name!r} (/metrics takes none)"})
                     return
+                from .metrics import CONTENT_TYPE
+
                 try:
                     text = metrics()
                 except Exception as exc:  # never take the supervisor down with a page
