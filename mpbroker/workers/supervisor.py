@@ -325,7 +325,7 @@ class Supervisor:
             ) from None
         self.admin.start()
         host, port = self.admin.address
-        log.info("admin API on http://%s:%d (/status, /flow, /metrics)", host, port)
+        log.info("admin API on http://%s:%d (dashboard /, /status, /flow, /metrics)", host, port)
 
     def admin_status(self) -> StatusView:
         assert self.control is not None
