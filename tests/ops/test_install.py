@@ -217,7 +217,7 @@ def test_install_sh_into_a_root(tmp_path: Path) -> None:
     venv = Path(f"{root}{prefix}")
     timings: dict[str, float] = {}
 
-    def install(run_name: str) -> str:
+    def install(run_name: str, **env: str) -> str:
         started = time.monotonic()
         out = run(
             "bash",
@@ -228,6 +228,7 @@ def test_install_sh_into_a_root(tmp_path: Path) -> None:
             prefix,
             timeout=INSTALL_TIMEOUT_S,
             PYTHON=sys.executable,
+            **env,
         )
         timings[run_name] = time.monotonic() - started
         return out
@@ -262,10 +263,15 @@ def test_install_sh_into_a_root(tmp_path: Path) -> None:
 
     edited = config.read_text(encoding="utf-8") + '\n[broker]\nhost = "0.0.0.0"\n'
     config.write_text(edited, encoding="utf-8")
-    out = install("second run")
+    # The upgrade is pure Python (MPBROKER_PURE=1): it need not compile the modules again
+    # (the first run did, and test_wheel_installs_and_serves does), and it shows that an
+    # upgrade leaves none of the old compiled modules behind to shadow the new sources.
+    out = install("second run", MPBROKER_PURE="1")
     assert f"kept the config {config}" in out, out
     assert config.read_text(encoding="utf-8") == edited
-    assert run(venv / "bin" / "python", mpbroker, "--version").startswith("mpbroker ")
+    assert run(venv / "bin" / "python", mpbroker, "--version").startswith(
+        "mpbroker 0.1.0, pure Python"
+    )
     print("timings:", ", ".join(f"{what} {took:.1f} s" for what, took in timings.items()))
 
 
