@@ -623,6 +623,8 @@ class QueueEngine(Engine):
     def _move(self, queue: _Queue, message: Message, copy: Message, outcome: str) -> None:
         """`message` leaves its queue for another (`copy`): a stored one through the store
         (copy stored, then the original settled with `outcome`), others at once."""
+        # Sized before it is stored: the copy carries more headers than the original.
+        copy.size = message_size(copy)
         # The original leaves its queue: accounted like a settled message.
         queue.held_messages -= 1
         if not message.persistent:
@@ -637,7 +639,6 @@ class QueueEngine(Engine):
         """Dead-letter copies join their dead-letter queues (past the queue limits: a
         dead letter is never refused or dropped)."""
         for message in messages:
-            message.size = message_size(message)
             if self.quotas is not None:
                 self.quotas.take(message.destination, 1, message.size)
             self.totals.add(message.destination, ENQUEUED)

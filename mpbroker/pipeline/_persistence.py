@@ -173,6 +173,11 @@ class QueuePersistence:
         for copy, seq in zip(copies, seqs, strict=True):
             copy.seq = seq
         engine.enqueue_dead_letters(copies)
+        # A dead letter's last delivery came back too (the NACK or the return that sent it
+        # there): counted, so the store's count is the one its dead-letter reason names.
+        returned = [seq for seq, _, outcome in moves if outcome == "dead-lettered"]
+        if returned:
+            self.store.record_delivery(returned)
         for outcome in {outcome for _, _, outcome in moves}:
             seqs = [seq for seq, _, o in moves if o == outcome]
             self.store.settle(seqs, outcome, now)

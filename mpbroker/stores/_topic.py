@@ -141,6 +141,7 @@ _PRIORITIES_AFTER: Final = " UNION ALL ".join(
     f" (SELECT 1 FROM pending WHERE sub = ?1 AND priority = {p} AND seq > ?{p + 2})"
     for p in range(PRIORITIES - 1, -1, -1)
 )
+_COUNT_RETURN: Final = "UPDATE pending SET deliveries = deliveries + 1 WHERE sub = ? AND seq = ?"
 # MessageStore.settle() is one transaction per call; a huge unsubscribe is settled in slices
 # so no single transaction (nor its in-memory statement list) grows without bound.
 _SETTLE_SLICE: Final = 10_000
@@ -459,12 +460,17 @@ class TopicStore:
         so the next delivery is flagged redelivered. Unknown pairs are ignored."""
         if not pairs:
             return
-        self._write(
-            "returned",
-            lambda conn: conn.executemany(
-                "UPDATE pending SET deliveries = deliveries + 1 WHERE sub = ? AND seq = ?", pairs
-            ),
-        )
+
+        def work(conn: sqlite3.Connection) -> list[int]:
+            counted: list[int] = []
+            for pair in pairs:
+                if conn.execute(_COUNT_RETURN, pair).rowcount:
+                    counted.append(pair[1])
+            return counted
+
+        # The message's own count too, over all its subscriptions, for what reads the
+        # segments (the export's `redeliveries`): a pending row's count goes with its ack.
+        self.messages.record_delivery(self._write("returned", work))
 
     def expire(self, seqs: Sequence[int], at_ms: int) -> None:
         """Drop the messages `seqs` for every subscription and settle them as `expired`."""

@@ -151,3 +151,52 @@ def test_export_while_running_after_stopping_and_incrementally(
         rows = table(out).to_pydict()
         assert len(rows["seq"]) == 365
         assert len(set(zip(rows["store"], rows["seq"], strict=True))) == 365
+
+
+def test_redeliveries_and_dead_letter_sizes_are_what_happened(
+    start_broker: type[BrokerProcess], raw: RawFactory, tmp_path: Path
+) -> None:
+    """A queue message NACKed until max_redeliveries sends it to the dead-letter queue counts
+    every delivery its dead-letter reason names; its dead-letter copy's size is its own
+    (with the headers it gained); a topic message returned by its durable subscriber counts
+    those returns too."""
+    broker = start_broker("--gateways", "1", config="[queues]\nmax_redeliveries = 3\n")
+    register_durable(raw(broker), "/topic/redo")
+    producer = raw(broker)
+    producer.connect()
+    send_all(producer, "/queue/redo", [{"k": "v"}])
+    send_all(producer, "/topic/redo", [{}])
+
+    client = raw(broker)
+    client.connect()
+    client.send("SUBSCRIBE", {"destination": "/queue/redo", "id": "q", "ack": "client-individual"})
+    for _ in range(4):  # the first delivery and three redeliveries, all refused
+        client.send("NACK", {"id": client.recv(timeout=15).headers["ack"]})
+    client.send("DISCONNECT", {"receipt": "bye"})
+    assert client.recv(timeout=15).command == "RECEIPT"
+
+    back = raw(broker)
+    back.connect(**{"client-id": "app"})
+    back.send("SUBSCRIBE", {"destination": "/topic/redo", "id": "d", **DURABLE})
+    for _ in range(2):  # returned twice, then acknowledged
+        back.send("NACK", {"id": back.recv(timeout=15).headers["ack"]})
+    back.send("ACK", {"id": back.recv(timeout=15).headers["ack"]})
+    back.send("DISCONNECT", {"receipt": "bye"})
+    assert back.recv(timeout=15).command == "RECEIPT"
+    assert broker.stop() == 0
+
+    out = tmp_path / "out"
+    export(broker.data_dir, out, Options())
+    rows = {r["destination"]: r for r in table(out).to_pylist()}
+    original, letter, topic = rows["/queue/redo"], rows["/queue/DLQ.redo"], rows["/topic/redo"]
+    reason = dict(letter["headers"])["dead-letter-reason"]
+    assert reason == "max_redeliveries 3 exceeded (4 deliveries)"
+    assert (original["outcome"], original["redeliveries"]) == ("dead-lettered", 4)
+    assert (topic["outcome"], topic["redeliveries"]) == ("acked", 2)
+    # The copy is bigger by exactly the header lines it gained.
+    gained = sum(
+        len(k) + len(v)
+        for k, v in dict(letter["headers"]).items()
+        if k in ("original-destination", "dead-letter-reason")
+    )
+    assert letter["size_bytes"] == original["size_bytes"] + gained

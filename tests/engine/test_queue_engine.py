@@ -1040,6 +1040,7 @@ def test_a_message_returned_too_often_goes_to_the_dead_letter_queue() -> None:
     assert letter.message_id == "m1" and not letter.redelivered
     assert letter.headers["original-destination"] == Q
     assert letter.headers["dead-letter-reason"] == "max_redeliveries 2 exceeded (3 deliveries)"
+    assert letter.size == message_size(letter)  # its own headers counted, not the original's
     # A dead letter that fails again stays in its dead-letter queue.
     engine.handle(0, subscribe(1, 2, ack_mode=ACK_INDIVIDUAL, destination="/queue/DLQ.q"))
     for _ in range(4):

@@ -3,6 +3,7 @@ subscriptions, crash recovery, and a reader following a writer."""
 
 from __future__ import annotations
 
+import contextlib
 import sqlite3
 import threading
 from collections.abc import Iterator
@@ -213,6 +214,12 @@ def test_returned_counts_deliveries(store: TopicStore, tmp_path: Path) -> None:
         assert got == {s1: 2, s2: 1}
         (only,) = batch(reader, "b").messages
         assert only.deliveries == 0 and not only.redelivered
+    # The messages' own counts (what the export reads), over every subscription's returns.
+    counts = {}
+    for seg in sorted((tmp_path / "pubsub-0").glob("seg-*.db")):
+        with contextlib.closing(sqlite3.connect(seg)) as conn:
+            counts.update(conn.execute("SELECT seq, count FROM deliveries"))
+    assert counts == {s1: 2, s2: 1}
 
 
 def test_expire(store: TopicStore, tmp_path: Path) -> None:
