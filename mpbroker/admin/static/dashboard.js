@@ -89,7 +89,11 @@ class PollError extends Error {}
 async function getJson(path) {
   let reply;
   try {
-    reply = await fetch(path, {
+    // By the origin alone: a page opened as http://user:pass@host/ keeps the credentials
+    // in its base URL, and a request made from such a URL is refused (Chromium: "Request
+    // cannot be constructed from a URL that includes credentials"). The browser sends the
+    // credentials it logged in with from its own cache for the origin.
+    reply = await fetch(new URL(path, location.origin), {
       cache: "no-store",
       credentials: "same-origin",
       headers: { Accept: "application/json" },
