@@ -16,6 +16,8 @@ spill file when it is larger; at most `admin.stats_interval_ms` old) and the con
 - `GET /` and `GET /static/<file>`: the dashboard, a page of static files (`mpbroker/admin/
   static/`) that polls the two JSON pages; a strict Content-Security-Policy, no frames.
 
+`HEAD` of any path is answered as `GET` without the body; other methods get a JSON 405.
+
 With a users file, every request needs HTTP Basic credentials of a user in group `admin`
 (`access.AdminGuard`); the Host header is checked first (DNS rebinding), so a page that
 rebinds a name of its own never gets as far as a credentials prompt.
@@ -513,13 +515,22 @@ class AdminServer:
                     return
                 self._reply(200, text, content_type=CONTENT_TYPE)
 
+            def do_HEAD(self) -> None:
+                # What curl -I and uptime probes send: the status and headers GET would
+                # give (Content-Length too, so the page is made all the same), through the
+                # same Host check and credentials; `_reply` leaves the body out.
+                self.do_GET()
+
             def _read_only(self) -> None:
-                # Anything but GET: a JSON answer like every other (BaseHTTPRequestHandler's
+                # Anything else: a JSON answer like every other (BaseHTTPRequestHandler's
                 # own is an HTML 501).
                 self._reply(
                     405,
-                    {"error": f"{self.command} not allowed: the admin API is read-only (GET)"},
-                    {"Allow": "GET"},
+                    {
+                        "error": f"{self.command} not allowed: the admin API is read-only "
+                        "(GET, HEAD)"
+                    },
+                    {"Allow": "GET, HEAD"},
                 )
 
             do_POST = do_PUT = do_DELETE = do_PATCH = _read_only
@@ -560,7 +571,8 @@ class AdminServer:
                 self.send_header("Content-Type", content_type)
                 self.send_header("Content-Length", str(len(data)))
                 self.end_headers()
-                self.wfile.write(data)
+                if self.command != "HEAD":
+                    self.wfile.write(data)
 
             def log_message(self, format: str, *args: Any) -> None:
                 # The request line is the client's text.

@@ -4,6 +4,7 @@ with honest counts of what a page leaves out; snapshots of any size read back.""
 from __future__ import annotations
 
 import errno
+import http.client
 import itertools
 import json
 import os
@@ -437,7 +438,7 @@ def test_with_users_only_a_user_in_group_admin_reads_the_pages(
     assert not any(word in line for line in lines for word in ("r00t", "guess", "s3cret", "n3w"))
 
 
-def test_anything_but_get_is_refused_in_json() -> None:
+def test_anything_but_get_and_head_is_refused_in_json() -> None:
     server = AdminServer("127.0.0.1", 0, lambda: status(p2p(2)))
     server.start()
     try:
@@ -446,9 +447,56 @@ def test_anything_but_get_is_refused_in_json() -> None:
         with pytest.raises(urllib.error.HTTPError) as caught:
             urllib.request.urlopen(request, timeout=10)
         assert caught.value.code == 405
-        assert caught.value.headers["Allow"] == "GET"
+        assert caught.value.headers["Allow"] == "GET, HEAD"
         assert json.load(caught.value) == {
-            "error": "POST not allowed: the admin API is read-only (GET)"
+            "error": "POST not allowed: the admin API is read-only (GET, HEAD)"
         }
+    finally:
+        server.close()
+
+
+def request(
+    server: AdminServer, method: str, path: str, **headers: str
+) -> tuple[int, dict[str, str], bytes]:
+    """Status, headers (but Date and Server, which say when and who) and the bytes of the
+    body of one request, read off the socket: nothing after the headers for HEAD."""
+    host, port = server.address
+    conn = http.client.HTTPConnection(host, port, timeout=10)
+    try:
+        conn.request(method, path, headers=headers)
+        reply = conn.getresponse()
+        # HEAD: http.client would not read a body; whatever the server sent is on the socket.
+        body = reply.read() if method != "HEAD" else reply.fp.read() if reply.fp else b""
+        kept = {k: v for k, v in reply.getheaders() if k not in ("Date", "Server")}
+        return reply.status, kept, body
+    finally:
+        conn.close()
+
+
+def test_head_is_answered_as_get_without_the_body() -> None:
+    """curl -I and uptime probes: the status and headers of a GET (its Content-Length
+    too), behind the same Host check and credentials, and no body."""
+    fast = {"n": 2**4, "r": 1}
+    users = {"root": User("root", hash_password("r00t", **fast), ("admin",))}
+    server = AdminServer("127.0.0.1", 0, lambda: status(p2p(2), pubsub(1)), users=users)
+    server.start()
+    admin = {"Authorization": authorization("root", "r00t")}
+    try:
+        for path, headers, code in [
+            ("/metrics", admin, 200),
+            ("/", admin, 200),
+            ("/static/dashboard.js", admin, 200),
+            ("/flow?limit=1", admin, 200),
+            ("/flow?sort=size", admin, 400),
+            ("/nonesuch", admin, 404),
+            ("/metrics", {}, 401),
+            ("/metrics", {**admin, "Host": "evil.example"}, 403),
+        ]:
+            got, got_headers, got_body = request(server, "GET", path, **headers)
+            head, head_headers, head_body = request(server, "HEAD", path, **headers)
+            assert (got, head) == (code, code), path
+            assert head_headers == got_headers, path
+            assert int(head_headers["Content-Length"]) == len(got_body) > 0, path
+            assert head_body == b"", path
     finally:
         server.close()

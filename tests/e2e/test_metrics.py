@@ -10,6 +10,7 @@ import os
 import re
 import signal
 import time
+import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -80,6 +81,20 @@ def shows(broker: BrokerProcess, name: str, expected: float, **labels: str) -> C
 def test_metrics_need_the_admin_credentials(broker: BrokerProcess) -> None:
     code, headers, _ = ask(broker, "/metrics")
     assert code == 401 and "WWW-Authenticate" in headers
+
+
+def test_head_answers_as_get_without_the_body(broker: BrokerProcess) -> None:
+    """`curl -I` and uptime probes ask with HEAD."""
+    url = f"http://127.0.0.1:{broker.admin_port}/metrics"
+    request = urllib.request.Request(url, method="HEAD")
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        urllib.request.urlopen(request, timeout=10)
+    refused.value.close()
+    assert refused.value.code == 401 and "WWW-Authenticate" in refused.value.headers
+    request.add_header("Authorization", authorization(*ADMIN))
+    with urllib.request.urlopen(request, timeout=10) as reply:
+        assert reply.status == 200 and reply.headers["Content-Type"] == CONTENT_TYPE
+        assert int(reply.headers["Content-Length"]) > 0 and reply.read() == b""
 
 
 def test_a_queue_s_counts_follow_its_traffic(broker: BrokerProcess) -> None:
