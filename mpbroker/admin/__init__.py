@@ -36,6 +36,7 @@ from ._snapshots import (
     encode,
     stopped_by,
     waiting_of,
+    with_durable_backlogs,
     without_details,
 )
 
@@ -66,5 +67,6 @@ __all__ = [
     "stopped_by",
     "topic_worker_stats",
     "waiting_of",
+    "with_durable_backlogs",
     "without_details",
 ]

@@ -42,6 +42,7 @@ __all__ = [
     "encode",
     "stopped_by",
     "waiting_of",
+    "with_durable_backlogs",
     "without_details",
 ]
 
@@ -136,11 +137,21 @@ class TopicRow(_Snapshot, frozen=True, tag_field="kind", tag="topic"):
     Attributes:
         name: the destination.
         subscribers: subscriptions to it now with a subscriber (a durable one that is away
-            is not counted; what it keeps counts in `deepest_backlog`).
-        deepest_backlog: messages waiting for its slowest subscriber (its live buffer).
+            is not counted; the non-persistent messages kept for it count in
+            `deepest_backlog`).
+        deepest_backlog: messages waiting for its slowest subscriber in its live buffer
+            (what its live watermarks judge; a durable subscription's stored messages are
+            not in it: see `durable_backlog`).
         live_msg_high, live_msg_low: the live buffer's watermarks for it (-1: off).
         stopped: the live-buffer limit that stops its publishers now ("" when none).
-        stores: what its durable subscriptions' backlog holds in the topic store.
+        stores: what its durable subscriptions' backlog holds in the topic store (each
+            message once, however many subscriptions owe an ack for it).
+        durable_backlog: the most messages one of its durable subscriptions owes an ack
+            for: the stored ones (the replay worker's count, at most about 5 s old;
+            delivered and unacknowledged ones included) and the non-persistent ones kept
+            for it while its subscriber is away. Not published by the pubsub worker, which
+            does not count its store: the admin API adds it from the replay workers'
+            counts (`with_durable_backlogs`); 0 without durable subscriptions.
         unacknowledged: deliveries in its subscribers' windows, not yet acknowledged.
         enqueued: messages published to it since its worker started (dead-letter copies
             included).
@@ -161,6 +172,7 @@ class TopicRow(_Snapshot, frozen=True, tag_field="kind", tag="topic"):
     live_msg_low: int
     stopped: str
     stores: dict[str, StoreFigures]
+    durable_backlog: int = 0
     unacknowledged: int = 0
     enqueued: int = 0
     dequeued: int = 0
@@ -552,13 +564,50 @@ def stopped_by(row: QueueRow | TopicRow) -> str:
 
 
 def waiting_of(row: QueueRow | TopicRow) -> int:
-    """Messages waiting: a queue's for a consumer, a topic's for its slowest subscriber."""
-    return row.waiting if isinstance(row, QueueRow) else row.deepest_backlog
+    """Messages waiting: a queue's for a consumer; a topic's for its slowest subscriber,
+    durable ones included (the larger of `deepest_backlog` and `durable_backlog`: never
+    their sum, which would count twice what a durable subscription keeps in memory, and
+    never a sum over subscriptions, which would count a message once per subscription)."""
+    if isinstance(row, QueueRow):
+        return row.waiting
+    return max(row.deepest_backlog, row.durable_backlog)
 
 
 def consumers_of(row: QueueRow | TopicRow) -> int:
     """A queue's consumers, a topic's subscribers."""
     return row.consumers if isinstance(row, QueueRow) else row.subscribers
+
+
+def with_durable_backlogs(status: StatusView) -> StatusView:
+    """`status` with each topic's `durable_backlog` filled in: of its durable
+    subscriptions, the most messages one owes an ack for, stored (the replay workers'
+    `backlogs`) and kept (its `DurableRow.kept`). No one worker has both figures, so the
+    admin API joins them: a pubsub worker never counts its store (a `COUNT` over every
+    pending row, which the replay worker makes every 5 s off the owners' loops). Only the
+    rows of topics with durable subscriptions are copied."""
+    stored: dict[str, int] = {}
+    for worker in status.workers:
+        if isinstance(worker.stats, ReplayStats):
+            stored.update(worker.stats.backlogs)
+    workers = []
+    for worker in status.workers:
+        stats = worker.stats
+        if isinstance(stats, TopicWorkerStats) and stats.durable_subscriptions:
+            deepest: dict[str, int] = {}
+            for durable in stats.durable_subscriptions:
+                owed = stored.get(durable.name, 0) + durable.kept
+                deepest[durable.topic] = max(deepest.get(durable.topic, 0), owed)
+            rows = [
+                msgspec.structs.replace(row, durable_backlog=deepest[row.name])
+                if row.name in deepest
+                else row
+                for row in stats.destinations
+            ]
+            worker = msgspec.structs.replace(
+                worker, stats=msgspec.structs.replace(stats, destinations=rows)
+            )
+        workers.append(worker)
+    return msgspec.structs.replace(status, workers=workers)
 
 
 # -- encoding ------------------------------------------------------------------------------

@@ -324,7 +324,8 @@ _DESTINATION_GAUGES = (
     (
         "waiting",
         "mpbroker_destination_messages",
-        "messages waiting (a topic: for its slowest subscriber)",
+        "messages waiting (a topic: for its slowest subscriber, or what its deepest durable"
+        " subscription owes an ack for, whichever is more)",
     ),
     ("bytes", "mpbroker_destination_bytes", "bytes the destination holds in its stores"),
     ("in_flight", "mpbroker_destination_messages_in_flight", "delivered and not yet acknowledged"),

@@ -72,6 +72,7 @@ from ._snapshots import (
     encode,
     stopped_by,
     waiting_of,
+    with_durable_backlogs,
 )
 from .access import CHALLENGE, Access, AdminGuard
 
@@ -144,6 +145,8 @@ def page_of(query: Mapping[str, list[str]], known: tuple[str, ...] = ("offset", 
 
 
 def _backlog(row: QueueRow | TopicRow) -> int:
+    # A queue's waiting and unacknowledged messages; a topic's for its slowest subscriber,
+    # a durable one's stored messages included (`waiting_of`).
     return waiting_of(row) + row.unacknowledged if isinstance(row, QueueRow) else waiting_of(row)
 
 
@@ -255,7 +258,9 @@ def status_view(
                 memory_bytes=process_memory.get(slot.pid) if slot.pid else None,
             )
         )
-    return StatusView(at_ms=epoch_ms(), workers=rows, memory=memory)
+    # Each topic's durable backlog: the replay workers' counts joined to its row here, so
+    # /status, /flow and /metrics agree on it.
+    return with_durable_backlogs(StatusView(at_ms=epoch_ms(), workers=rows, memory=memory))
 
 
 def status_page(status: StatusView, page: Page) -> StatusView:

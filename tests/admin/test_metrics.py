@@ -25,6 +25,7 @@ from mpbroker.admin import (
     TopicWorkerStats,
     WorkerStats,
     WorkerStatus,
+    with_durable_backlogs,
 )
 from mpbroker.admin.access import authorization
 from mpbroker.admin.metrics import CONTENT_TYPE, OTHER, SeriesCap, exposition
@@ -268,6 +269,19 @@ def test_a_scrape_says_what_the_workers_published() -> None:
     assert value(samples, "mpbroker_durable_subscription_messages_in_flight", **orders) == 1
     assert value(samples, "mpbroker_durable_subscription_active", **orders) == 1
     assert value(samples, "mpbroker_replay_messages_total", worker="replay 0") == 9
+
+
+def test_a_topic_s_messages_count_what_its_deepest_durable_subscription_owes() -> None:
+    """app/audit, away, owes 6 stored messages (the replay worker's count) and 3 kept in
+    memory: 9, more than the 4 of the topic's live buffer (which holds those 3 too: the
+    larger figure, not the sum). The admin API joins the replay worker's count to the
+    topic's row (`with_durable_backlogs`) before a scrape reads it."""
+    t = {"destination": "/topic/t", "kind": "topic"}
+    assert value(scrape(broker_status([])), "mpbroker_destination_messages", **t) == 4
+    samples = scrape(with_durable_backlogs(broker_status([])))
+    assert value(samples, "mpbroker_destination_messages", **t) == 9
+    audit = {"subscription": "app/audit", "topic": "/topic/t"}
+    assert value(samples, "mpbroker_durable_subscription_messages", **audit) == 9
 
 
 def test_destinations_past_the_cap_are_added_up_as_other() -> None:

@@ -25,6 +25,7 @@ from mpbroker.admin import (
     GatewayStats,
     QueueRow,
     QueueWorkerStats,
+    ReplayStats,
     StatusView,
     TopicRow,
     TopicWorkerStats,
@@ -32,6 +33,8 @@ from mpbroker.admin import (
     WorkerStatus,
     decode,
     encode,
+    waiting_of,
+    with_durable_backlogs,
     without_details,
 )
 from mpbroker.admin.access import authorization
@@ -39,6 +42,7 @@ from mpbroker.admin.server import (
     LOCAL_NAMES,
     AdminServer,
     BadRequest,
+    Selection,
     allowed_names,
     flow_view,
     host_allowed,
@@ -53,6 +57,7 @@ from mpbroker.workers._base import publish
 from tests.http import ask as ask_url
 
 _counter = itertools.count()
+_replace = msgspec.structs.replace
 
 
 @pytest.fixture
@@ -163,6 +168,54 @@ def test_flow_lists_every_destination_of_every_worker_and_names_its_worker() -> 
         view.consumers_not_shown,
         view.durable_subscriptions_not_shown,
     ) == (0, 0, 0)
+
+
+def test_a_topic_s_backlog_counts_what_its_durable_subscriptions_owe() -> None:
+    """Persistent messages stored for a durable subscriber that is away are in no live
+    buffer: the replay worker counts them (`backlogs`), and the admin API adds the deepest
+    such backlog to its topic's row, so /flow sorts and pages by it."""
+    stats = _replace(
+        pubsub(3),
+        destinations=[
+            _replace(topic("/topic/t00000"), deepest_backlog=5),
+            _replace(topic("/topic/t00001"), deepest_backlog=1),
+            topic("/topic/t00002"),
+        ],
+        durable_subscriptions=[
+            # away: 7 stored, 1 kept in memory (that one is in the live buffer too)
+            DurableRow(name="a/x", topic="/topic/t00001", state="inactive", kept=1),
+            DurableRow(name="b/x", topic="/topic/t00001", state="live"),  # 2 stored
+            DurableRow(name="c/x", topic="/topic/t00002", state="inactive"),  # owes none
+        ],
+    )
+    replay = ReplayStats(
+        title="replay 0",
+        pid=4,
+        at_ms=0,
+        replaying=[],
+        waiting_for_a_place=[],
+        in_flight_bytes=0,
+        batches=0,
+        messages=0,
+        backlogs={"a/x": 7, "b/x": 2},
+    )
+    before = status(p2p(0), stats, replay)
+    assert [d.durable_backlog for d in flow_view(before).destinations] == [0, 0, 0]
+    joined = with_durable_backlogs(before)
+    view = flow_view(joined)
+    assert [d.durable_backlog for d in view.destinations] == [0, 8, 0]
+    assert [waiting_of(d) for d in view.destinations] == [5, 8, 0]
+    # The deepest backlogs first: the topic whose durable subscriber is away leads.
+    for key in ("backlog", "waiting"):
+        view = flow_view(joined, selection=Selection(sort=key, descending=True))
+        assert [d.name for d in view.destinations] == [
+            "/topic/t00001",
+            "/topic/t00000",
+            "/topic/t00002",
+        ], key
+    # In the JSON where there is one; left out (0) where there is none.
+    rows = json.loads(encode(view))["destinations"]
+    assert [row.get("durable_backlog") for row in rows] == [8, None, None]
 
 
 def test_a_page_shows_its_slice_of_each_list_and_counts_the_rest() -> None:

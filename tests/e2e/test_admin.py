@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from mpbroker.client import connect
 from mpbroker.harness import BrokerProcess, RawClient
 from mpbroker.stomp import Frame, encode_frame
 from tests.e2e._admin import eventually, get
@@ -104,20 +105,10 @@ def test_flow_shows_what_a_topic_holds_for_durable_subscribers(
     start_broker: type[BrokerProcess], raw: RawFactory
 ) -> None:
     broker = start_broker("--gateways", "1")
-    subscriber = raw(broker)
-    subscriber.connect(**{"client-id": "app"})
-    subscriber.send(
-        "SUBSCRIBE",
-        {
-            "destination": "/topic/kept",
-            "id": "d",
-            "activemq.subscriptionName": "d",
-            "receipt": "s",
-        },
-    )
-    assert subscriber.recv().command == "RECEIPT"
-    subscriber.send("DISCONNECT", {"receipt": "bye"})
-    assert subscriber.recv().command == "RECEIPT"
+    durable = {"activemq.subscriptionName": "d"}
+    for client_id in ("app", "audit"):
+        with connect(broker.host, broker.port, client_id=client_id) as conn:
+            conn.subscribe("/topic/kept", headers=durable, receipt=True)
     producer = raw(broker)
     producer.connect()
     for n in range(3):
@@ -127,17 +118,54 @@ def test_flow_shows_what_a_topic_holds_for_durable_subscribers(
             b"x" * 10,
         )
         assert producer.recv().command == "RECEIPT"
+    # One non-persistent message, kept in memory for each of them, and a queue of 2.
+    producer.send("SEND", {"destination": "/topic/kept", "receipt": "np"}, b"y")
+    assert producer.recv().command == "RECEIPT"
+    for n in range(2):
+        producer.send("SEND", {"destination": "/queue/shallow", "receipt": f"q{n}"}, b"z")
+        assert producer.recv().command == "RECEIPT"
 
-    def kept() -> dict[str, Any] | None:
-        for row in get(broker, "/flow")["destinations"]:
-            if row["name"] == "/topic/kept" and row["stores"]["topic_store"]["messages"] == 3:
-                return dict(row)
-        return None
+    def row_of(flow: dict[str, Any]) -> dict[str, Any]:
+        # ({} until its worker published it)
+        return next((d for d in flow["destinations"] if d["name"] == "/topic/kept"), {})
 
-    row = eventually(kept)
-    assert row["subscribers"] == 0 and row["stopped"] == ""
+    def owed(messages: int) -> Callable[[], dict[str, Any] | None]:
+        """A check for `eventually`: the topic's row once its durable backlog (0: left out
+        of the JSON) is `messages`. The replay worker counts the stored ones every 5 s."""
+
+        def check() -> dict[str, Any] | None:
+            row = row_of(get(broker, "/flow"))
+            return row if row and row.get("durable_backlog", 0) == messages else None
+
+        return check
+
+    row = eventually(owed(4), timeout=20)
+    # Each message stored once for both subscriptions; the live buffer holds only the
+    # non-persistent one; the deepest durable backlog is 3 stored and 1 kept, not the sum
+    # over both subscriptions, nor the kept one twice.
+    assert row["stores"]["topic_store"]["messages"] == 3
+    assert (row["deepest_backlog"], row["subscribers"], row["stopped"]) == (1, 0, "")
+    # The deepest backlogs first: the topic (4) before the queue (2).
+    for key in ("backlog", "waiting"):
+        top = get(broker, f"/flow?sort={key}&limit=2")["destinations"]
+        assert [d["name"] for d in top] == ["/topic/kept", "/queue/shallow"], key
     flow = get(broker, "/flow")
-    assert {d["name"]: d["state"] for d in flow["durable_subscriptions"]} == {"app/d": "inactive"}
+    assert {d["name"]: d["state"] for d in flow["durable_subscriptions"]} == {
+        "app/d": "inactive",
+        "audit/d": "inactive",
+    }
+    [replay] = [w for w in get(broker, "/status")["workers"] if w["role"] == "replay"]
+    assert replay["stats"]["backlogs"] == {"app/d": 3, "audit/d": 3}
+    # Both come back and take what they owe: the topic owes nothing any more.
+    for client_id in ("app", "audit"):
+        with connect(broker.host, broker.port, client_id=client_id) as conn:
+            sub = conn.subscribe("/topic/kept", ack="client-individual", headers=durable)
+            for _ in range(4):
+                message = sub.get(timeout=10)
+                assert message is not None
+                conn.ack(message, receipt=True)
+    row = eventually(owed(0), timeout=20)
+    assert "durable_backlog" not in row and row["deepest_backlog"] == 0
 
 
 def test_flow_lists_thousands_of_destinations_and_pages_them(

@@ -245,3 +245,42 @@ def test_the_page_says_when_a_refresh_fails(
     assert wait(driver, lambda d: d.find_element(By.ID, "banner").get_attribute("hidden"))
     # The blocked requests are Chromium's own console lines, not the page's exceptions.
     assert not [line for line in console_errors(driver) if "Uncaught" in line]
+
+
+DURABLE_JS = """
+return Array.from(document.querySelectorAll('#durable tbody tr'),
+                  tr => Array.from(tr.cells, td => td.textContent));
+"""
+
+
+def test_a_durable_subscriber_away_shows_its_backlog(
+    driver: webdriver.Chrome, dashboard_broker: BrokerProcess
+) -> None:
+    """Persistent messages stored for a durable subscriber that is away: in its row of the
+    durable subscriptions, and in its topic's backlog (in no live buffer: counted by the
+    replay worker every 5 s)."""
+    durable = {"activemq.subscriptionName": "away"}
+    with connect(dashboard_broker.host, dashboard_broker.port, client_id="dash") as conn:
+        conn.subscribe("/topic/dash.durable", headers=durable, receipt=True)
+    with connect(dashboard_broker.host, dashboard_broker.port) as conn:
+        for n in range(3):
+            conn.send("/topic/dash.durable", f"d{n}", {"persistent": "true"}, receipt=True)
+        conn.send("/topic/dash.durable", "kept in memory", receipt=True)
+    driver.get(f"{dashboard_broker.admin_url}/")
+    driver.find_element(By.ID, "filter").send_keys("dash.durable")
+
+    def durable_rows(d: webdriver.Chrome) -> list[list[str]]:
+        found: list[list[str]] = d.execute_script(DURABLE_JS)
+        return found
+
+    assert wait(
+        driver,
+        lambda d: (
+            durable_rows(d) == [["dash/away", "/topic/dash.durable", "inactive", "4", "pubsub 0"]]
+        ),
+    )
+    assert wait(driver, lambda d: backlog_of(d, "/topic/dash.durable") == "4")
+    [row] = rows(driver)
+    # Backlog and waiting: 3 stored and 1 kept; no subscriber now.
+    assert row[:6] == ["/topic/dash.durable", "topic", "4", "4", "\u2013", "0"]
+    assert console_errors(driver) == []

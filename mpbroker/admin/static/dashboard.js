@@ -361,18 +361,27 @@ function stopOf(destination) {
   return "";
 }
 
+// Messages waiting: a queue's for a consumer; a topic's for its slowest subscriber, the
+// larger of its live buffer's and what its deepest durable subscription owes (the server
+// sorts `waiting` and `backlog` by the same figure).
+function waitingOf(destination) {
+  if (destination.kind === "queue") return destination.waiting;
+  return Math.max(destination.deepest_backlog, destination.durable_backlog ?? 0);
+}
+
 function drawDestinations(flow) {
   const rates = destinationRates(flow);
   const rows = flow.destinations.map((d) => {
     const queue = d.kind === "queue";
-    const backlog = queue ? d.waiting + d.unacknowledged : d.deepest_backlog;
+    const waiting = waitingOf(d);
+    const backlog = queue ? waiting + d.unacknowledged : waiting;
     const stop = stopOf(d);
     const measured = rates.get(destinationKey(d)) || {};
     const tr = row([
       cell("td", d.name, "name"),
       cell("td", d.kind),
       cell("td", count(backlog), "num"),
-      cell("td", count(queue ? d.waiting : d.deepest_backlog), "num"),
+      cell("td", count(waiting), "num"),
       cell("td", queue ? count(d.unacknowledged) : "–", "num"),
       cell("td", count(queue ? d.consumers : d.subscribers), "num"),
       cell("td", rate(measured.in), "num"),
@@ -425,25 +434,37 @@ function drawHeld(flow) {
 }
 
 // The durable subscriptions come with the pubsub workers' figures in /status (whole: only
-// the destinations and consumers are paged there).
+// the destinations and consumers are paged there), their stored backlogs with the replay
+// workers' (counted every 5 s; a subscription that owes none is left out).
 const DURABLE_SHOWN = 200;
 
 function drawDurable(status) {
   const all = [];
+  const stored = new Map();
   for (const worker of status.workers) {
-    const list = (worker.stats && worker.stats.durable_subscriptions) || [];
-    for (const durable of list) all.push({ ...durable, worker: worker.title });
+    const stats = worker.stats || {};
+    for (const durable of stats.durable_subscriptions || []) all.push({ ...durable, worker: worker.title });
+    if (stats.role === "replay") {
+      for (const [name, messages] of Object.entries(stats.backlogs || {})) stored.set(name, messages);
+    }
   }
   all.sort((a, b) => (a.name < b.name ? -1 : a.name > b.name ? 1 : 0));
   const rows = all.slice(0, DURABLE_SHOWN).map((d) =>
-    row([cell("td", d.name, "name"), cell("td", d.topic, "name"), cell("td", d.state), cell("td", d.worker)]),
+    row([
+      cell("td", d.name, "name"),
+      cell("td", d.topic, "name"),
+      cell("td", d.state),
+      // What it owes an ack for: stored, and the non-persistent ones kept while it is away.
+      cell("td", count((stored.get(d.name) ?? 0) + (d.kept ?? 0)), "num"),
+      cell("td", d.worker),
+    ]),
   );
   if (all.length > DURABLE_SHOWN) {
     const more = cell("td", `and ${count(all.length - DURABLE_SHOWN)} more (GET /flow lists them all)`, "empty");
-    more.colSpan = 4;
+    more.colSpan = 5;
     rows.push(row([more]));
   }
-  fillBody($("durable"), rows, "no durable subscriptions", 4);
+  fillBody($("durable"), rows, "no durable subscriptions", 5);
 }
 
 function showBanner(text) {
