@@ -1,7 +1,8 @@
 """The dashboard (`GET /` of the admin API) in a real headless Chromium against a real
 broker: it loads with no console errors, shows a queue and its backlog and follows it as it
-grows, sorts, filters and pages 300 destinations, and works behind the admin API's
-credentials. The loaded page, with some traffic, is saved as a screenshot under pytest's
+grows, sorts, filters and pages 300 destinations, works behind the admin API's
+credentials (typed at the prompt, or in the address), and shows what a durable subscriber
+that is away has waiting. The loaded page, with some traffic, is saved as a screenshot under pytest's
 basetemp (`artifacts/dashboard.png`) for a person to look at."""
 
 from __future__ import annotations
