@@ -56,6 +56,7 @@ import gc
 import json
 import random
 import shutil
+import subprocess
 import sys
 import tempfile
 import time
@@ -260,7 +261,7 @@ def raw_scan(data: Path) -> Scan:
     began = time.perf_counter()
     for store in find_stores(data):
         segments = list_segments(store)
-        for seg in segments:  # the export's read_outcomes
+        for seg in segments:  # the settlements and delivery counts the export looks up
             with open_segment(seg.path) as conn:
                 conn.execute(SETTLEMENTS_SQL).fetchall()
                 conn.execute(DELIVERIES_SQL).fetchall()
@@ -412,6 +413,55 @@ def ingest_phase(out: Path, table: Path) -> dict[str, Any]:
     }
 
 
+# -- 3b. export memory -----------------------------------------------------------------------
+
+
+@dataclass
+class ProcessMemory:
+    """A process run to its end, its memory sampled every few ms."""
+
+    code: int
+    peak_anonymous: int
+    """Resident memory less what is mapped from files (what --max-memory bounds)."""
+    peak_resident: int
+    stderr: str
+
+
+def process_memory(command: list[str], timeout_s: float = 600) -> ProcessMemory:
+    """Run `command` to its end, sampling its memory every few milliseconds."""
+    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    watched = psutil.Process(process.pid)
+    anonymous = resident = 0
+    deadline = time.monotonic() + timeout_s
+    try:
+        while process.poll() is None and time.monotonic() < deadline:
+            try:
+                info = watched.memory_info()
+            except psutil.Error:
+                break
+            anonymous = max(anonymous, info.rss - info.shared)
+            resident = max(resident, info.rss)
+            time.sleep(0.003)
+        _, err = process.communicate(timeout=max(1.0, deadline - time.monotonic()))
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    return ProcessMemory(process.returncode, anonymous, resident, err.decode(errors="replace"))
+
+
+def export_memory(data: Path, out: Path, max_memory: str) -> dict[str, Any]:
+    """`mpbroker export` as a process of its own (its default --max-memory unless given)."""
+    command = [sys.executable, "-m", "mpbroker", "export", "--data-dir", str(data)]
+    run = process_memory([*command, "--out", str(out), "--max-memory", max_memory])
+    return {
+        "max_memory": max_memory,
+        "code": run.code,
+        "peak_anonymous_mib": round(run.peak_anonymous / (1 << 20), 1),
+        "peak_resident_mib": round(run.peak_resident / (1 << 20), 1),
+    }
+
+
 # -- the whole run ---------------------------------------------------------------------------
 
 
@@ -448,6 +498,12 @@ def measure(
     _say("export --no-body")
     exported_nobody = _export(data, out_nobody, Options(body=False), scan)
     _say(f"export --no-body: {exported_nobody['seconds']:.2f} s")
+    _say("export as a process, memory sampled")
+    memory = export_memory(data, work / "export-memory", "128MiB")
+    _say(
+        f"export memory: peak {memory['peak_anonymous_mib']} MiB anonymous,"
+        f" {memory['peak_resident_mib']} MiB resident"
+    )
     _say("ingest (Spark local[*])")
     spark = ingest_phase(out, table)
     problems: list[str] = []
@@ -465,6 +521,8 @@ def measure(
     for run in ("reingest", "reread"):
         if spark[f"{run}_rows_appended"] != 0:
             problems.append(f"{run}: appended {spark[f'{run}_rows_appended']} rows, not 0")
+    if memory["code"] != 0:
+        problems.append(f"mpbroker export exited with {memory['code']}")
     if exported["source_bytes"] != fill.bytes:
         problems.append(f"export bytes {exported['source_bytes']} != filled {fill.bytes}")
     left = _children()
@@ -492,6 +550,7 @@ def measure(
         },
         "export": exported,
         "export_no_body": exported_nobody,
+        "export_memory": memory,
         "ingest": spark,
         "problems": problems,
         "ok": not problems,
@@ -516,7 +575,10 @@ def format_summary(s: dict[str, Any]) -> str:
             f" Parquet ({x['parquet_bytes'] / MB:.1f} MB, {x['files']} files);"
             f" x{x['x_raw_scan']} the raw scan"
         )
+    m = s["export_memory"]
     lines += [
+        f"memory:     peak {m['peak_anonymous_mib']} MiB anonymous ({m['peak_resident_mib']} MiB"
+        f" resident with the libraries) of mpbroker export --max-memory {m['max_memory']}",
         f"spark start:{i['spark_start_s']:8.2f} s  (JVM and a first job; not in the figures below)",
         f"read+count: {i['baseline_s']:8.2f} s  (baseline: count and groupBy(destination);"
         f" {i['baseline_cold_s']:.2f} s the first, cold time)",

@@ -487,7 +487,9 @@ def cmd_export(args: argparse.Namespace) -> int:
 
     Reads the stores in --data-dir read-only (the broker may be running): sealed and
     archived segments once each, the active segments as a snapshot; a manifest in --out
-    makes the next run export only what is new. Needs pyarrow (in a checkout: pip install -e '.[export]').
+    makes the next run export only what is new, and the outcomes found since of rows it
+    exported as pending. Its memory stays under --max-memory, whatever the size of the stores.
+    Needs pyarrow (in a checkout: pip install -e '.[export]').
     Exit code 2 for a data directory with no store, or a damaged or foreign file in --out.
 
     Example: mpbroker export --data-dir /var/lib/mpbroker --out /srv/export --destination '/queue/*'
@@ -499,10 +501,17 @@ def cmd_export(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"mpbroker: export: {exc}", file=sys.stderr)
         return 2
+    try:
+        max_memory = parse_size(args.max_memory)
+    except ValueError as exc:
+        print(f"mpbroker: export: --max-memory {args.max_memory!r}: {exc}", file=sys.stderr)
+        return 2
     options = Options(destination=args.destination, since_ms=since, body=not args.no_body)
     progress = Progress(sys.stderr)
     try:
-        summary = export(Path(args.data_dir), Path(args.out), options, progress)
+        summary = export(
+            Path(args.data_dir), Path(args.out), options, progress, max_memory=max_memory
+        )
     except ExportError as exc:
         progress.done()
         print(f"mpbroker: {exc}", file=sys.stderr)
@@ -764,6 +773,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     export.add_argument(
         "--no-body", dest="no_body", action="store_true", help="leave the body column out"
+    )
+    export.add_argument(
+        "--max-memory",
+        dest="max_memory",
+        metavar="SIZE",
+        default="128MiB",
+        help="keep the export's memory under this (default 128MiB): it sizes its batches",
     )
 
     from mpbroker.loadgen.cli import add_arguments

@@ -61,7 +61,8 @@ OUTCOME_COLUMNS: Final = ("acked", "expired", "dead-lettered", "unsubscribed", "
 
 # Used when mpbroker itself is not importable (spark-submit with a bare Python).
 _SCHEMA_KEY: Final = b"mpbroker.export.schema_version"
-_KNOWN_SCHEMA_VERSION: Final = b"1"
+_KIND_KEY: Final = b"mpbroker.export.kind"
+_KNOWN_SCHEMA_VERSIONS: Final = frozenset({b"1", b"2"})
 
 
 class IngestError(Exception):
@@ -104,42 +105,52 @@ class IngestSummary:
         return out
 
 
-def _check_file(path: Path) -> None:
+def _check_file(path: Path) -> str:
     try:
         from mpbroker.export import ExportError
         from mpbroker.export._parquet import check_file
     except ImportError:
-        _check_file_pyarrow(path)
-        return
+        return _check_file_pyarrow(path)
     try:
-        check_file(path)
+        return check_file(path)
     except ExportError as exc:
         raise IngestError(path, exc.detail) from None
 
 
-def _check_file_pyarrow(path: Path) -> None:
+def _check_file_pyarrow(path: Path) -> str:
     import pyarrow.parquet as pq
 
     try:
         schema = pq.read_schema(path)
     except Exception as exc:  # ArrowInvalid, OSError, ... for a bad footer
         raise IngestError(path, f"damaged or not a Parquet file ({exc})") from None
-    version = (schema.metadata or {}).get(_SCHEMA_KEY)
+    metadata = schema.metadata or {}
+    version = metadata.get(_SCHEMA_KEY)
     if version is None:
         raise IngestError(path, "a Parquet file not written by mpbroker export (foreign file)")
-    if version != _KNOWN_SCHEMA_VERSION:
+    if version not in _KNOWN_SCHEMA_VERSIONS:
         raise IngestError(path, f"schema version {version.decode(errors='replace')!r} unknown")
+    return str(metadata.get(_KIND_KEY, b"rows").decode(errors="replace"))
 
 
 def check_inputs(input_dir: Path) -> list[Path]:
-    """The export's Parquet files, each checked; IngestError naming the first bad one."""
+    """The export's row files, each checked; IngestError naming the first bad one. (Files
+    under a folder whose name starts with an underscore, such as the export's _updates/,
+    are not row files.)"""
     if not input_dir.is_dir():
         raise IngestError(input_dir, "not a directory")
-    files = sorted(p for p in input_dir.rglob("*.parquet") if p.is_file())
+    files = sorted(
+        p
+        for p in input_dir.rglob("*.parquet")
+        if p.is_file()
+        and not any(part.startswith(("_", ".")) for part in p.relative_to(input_dir).parts)
+    )
     if not files:
         raise IngestError(input_dir, "no .parquet files (not an mpbroker export directory?)")
     for path in files:
-        _check_file(path)
+        kind = _check_file(path)
+        if kind != "rows":
+            raise IngestError(path, f"an export file of kind {kind!r} among the row files")
     return files
 
 
@@ -273,6 +284,12 @@ def _ingest_locked(spark: SparkSession, files: list[Path], output: Path) -> Inge
 
     summary = IngestSummary(files=len(files))
     summary.leftovers_removed = _remove_unfinished(output)
+    updates = {u for f in files for u in f.parents[1].glob("_updates/**/*.parquet")}
+    if updates:
+        summary.warnings.append(
+            f"{len(updates)} update files (outcomes the export found later) are not applied"
+            " by this version of the job: the table keeps the outcomes of the row files"
+        )
     spark.conf.set("spark.sql.session.timeZone", "UTC")  # days and minutes are UTC
     log, warning = _read_log(output)
     if warning is not None:

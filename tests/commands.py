@@ -52,3 +52,9 @@ def gone(pid: int) -> bool:
     except ProcessLookupError:
         return True
     return False
+
+
+# `mpbroker export` run in the test process (cli.main) rather than as a process of its own:
+# --max-memory bounds the whole process, and pytest's (with Spark's py4j and a broker
+# harness) is far bigger than an export alone, which tests/export/test_memory.py measures.
+EXPORT_IN_PROCESS = ("--max-memory", "8GiB")

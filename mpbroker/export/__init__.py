@@ -2,7 +2,9 @@
 
 - :func:`export`: every message of the stores in a data directory (sealed, archived and a
   snapshot of the active segments, read-only while the broker runs) not exported yet, one
-  Parquet file per source segment, and the manifest that makes the next run incremental.
+  Parquet file per source segment; update files with the outcomes found since of rows
+  exported as pending; and the manifest that makes the next run incremental. Memory is
+  bounded (`max_memory`), whatever the size of the stores.
 - The schema (:data:`COLUMNS`, :data:`SCHEMA_VERSION`) and :func:`build_row` are pure; so is
   the manifest logic (:class:`Manifest`, :func:`after_seq`).
 
@@ -16,14 +18,16 @@ Example::
 """
 
 from ._errors import ExportError
-from ._manifest import MANIFEST_NAME, Manifest, Options, SegmentEntry, after_seq
+from ._manifest import MANIFEST_NAME, FileEntry, Manifest, Options, SegmentEntry, after_seq
 from ._parquet import INSTALL_HINT
-from ._run import ExportSummary, Progress, export
+from ._run import DEFAULT_MAX_MEMORY, ExportSummary, Progress, export
 from ._schema import (
     COLUMNS,
     PENDING,
     ROW_OUTCOMES,
     SCHEMA_VERSION,
+    SETTLED_UNKNOWN,
+    UPDATE_COLUMNS,
     Column,
     SourceMessage,
     build_row,
@@ -33,14 +37,18 @@ from ._schema import (
 
 __all__ = [
     "COLUMNS",
+    "DEFAULT_MAX_MEMORY",
     "INSTALL_HINT",
     "MANIFEST_NAME",
     "PENDING",
     "ROW_OUTCOMES",
     "SCHEMA_VERSION",
+    "SETTLED_UNKNOWN",
+    "UPDATE_COLUMNS",
     "Column",
     "ExportError",
     "ExportSummary",
+    "FileEntry",
     "Manifest",
     "Options",
     "Progress",

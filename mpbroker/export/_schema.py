@@ -10,14 +10,17 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Final
 
-from mpbroker.stores import OUTCOMES
+from mpbroker.storefiles import OUTCOMES
 
 __all__ = [
     "COLUMNS",
     "PENDING",
+    "READABLE_SCHEMA_VERSIONS",
     "ROW_OUTCOMES",
     "SCHEMA_VERSION",
+    "SETTLED_UNKNOWN",
     "STANDARD_HEADERS",
+    "UPDATE_COLUMNS",
     "Column",
     "SourceMessage",
     "build_row",
@@ -30,12 +33,19 @@ __all__ = [
 
 # Bump when a column is added, removed or changes meaning; readers check it (the Parquet
 # files' metadata key `mpbroker.export.schema_version` and the manifest's `schema_version`).
-SCHEMA_VERSION: Final = 1
+# 2: update files (UPDATE_COLUMNS) beside the row files; the row columns are version 1's.
+SCHEMA_VERSION: Final = 2
+# Versions whose files this code reads (a version 1 export directory is carried on).
+READABLE_SCHEMA_VERSIONS: Final = frozenset({1, 2})
 
 PENDING: Final = "pending"
 """The outcome of a message not settled yet (a queue message waiting or delivered and not
 acked; a topic message some durable subscription still owes an ack for)."""
-ROW_OUTCOMES: Final = frozenset(OUTCOMES | {PENDING})
+SETTLED_UNKNOWN: Final = "settled"
+"""The outcome of a message exported as pending and settled since, whose outcome is gone:
+its segment was retired (all settled) and deleted, without ``store.archive``, before an
+export read how."""
+ROW_OUTCOMES: Final = frozenset(OUTCOMES | {PENDING, SETTLED_UNKNOWN})
 
 # Headers with a meaning to STOMP, JMS or the broker; every other header a sender set is a
 # user property. (The gateway has already dropped frame-control headers such as receipt.)
@@ -50,6 +60,7 @@ STANDARD_HEADERS: Final = frozenset(
         "expires",
         "ttl",
         "original-destination",
+        "expired-from",
         "dead-letter-reason",
         "JMSXGroupID",
         "JMSXGroupSeq",
@@ -92,6 +103,22 @@ COLUMNS: Final[tuple[Column, ...]] = (
     Column("store", "string", False, "source store directory, e.g. p2p-0"),
     Column("segment", "int32", False, "source segment number (seg-N.db)"),
     Column("seq", "int64", False, "the store's sequence number (unique within a store)"),
+)
+
+
+# An update file's rows: the current outcome of rows an earlier run exported as pending,
+# with what the ingest needs to find them in its table (the key, and the partition values
+# destination and day from the timestamp).
+UPDATE_COLUMNS: Final[tuple[Column, ...]] = (
+    Column("store", "string", False, "source store directory, e.g. p2p-0"),
+    Column("segment", "int32", False, "source segment number (seg-N.db)"),
+    Column("seq", "int64", False, "the store's sequence number"),
+    Column("message_id", "string", False, "the broker's message-id"),
+    Column("destination", "string", False, "e.g. /queue/orders"),
+    Column("timestamp", "timestamp[ms, UTC]", False, "when the broker received it"),
+    Column("outcome", "string", False, "the outcome it has now (never pending)"),
+    Column("settled_at", "timestamp[ms, UTC]", True, "when it was settled, if known"),
+    Column("redeliveries", "int32", False, "delivery attempts that came back, in all"),
 )
 
 

@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import contextlib
 import os
-import re
 import sqlite3
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Final
 
 import sqlite_utils
+
+from mpbroker.storefiles import SEGMENT_FORMAT, fsync_directory, segment_index, segment_name
 
 from ._errors import StoreError, sqlite_detail
 from ._live import LiveSet
@@ -38,29 +39,8 @@ __all__ = [
     "segment_name",
 ]
 
-SEGMENT_FORMAT: Final = "mpbroker-segment"
-_NAME_RE: Final = re.compile(r"^seg-(\d{8})\.db$")
 # SQLite's own side files: a WAL database is the main file plus these two.
 SIDE_SUFFIXES: Final = ("-wal", "-shm")
-
-
-def segment_name(index: int) -> str:
-    return f"seg-{index:08d}.db"
-
-
-def segment_index(name: str) -> int | None:
-    """The index in a segment file name, or None for any other name."""
-    m = _NAME_RE.match(name)
-    return int(m.group(1)) if m else None
-
-
-def fsync_directory(directory: Path) -> None:
-    """Make renames and unlinks in `directory` durable (POSIX needs an fsync of the directory)."""
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -41,6 +41,7 @@ import msgspec
 
 from mpbroker.config import StoreSettings
 from mpbroker.records import Message, message_size
+from mpbroker.storefiles import ARCHIVE_DIR, MARKER_NAME, MARKER_TEXT, OUTCOMES
 
 from ._errors import StoreError, sqlite_detail
 from ._live import LiveSet
@@ -66,12 +67,8 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 # "unsubscribed": a durable topic subscription was removed with its backlog (TopicStore).
-OUTCOMES: Final = frozenset({"acked", "expired", "dead-lettered", "unsubscribed"})
-MARKER_NAME: Final = "mpbroker-store"
 # Written by `mark_clean_stop` as the owner stops in order; taken (removed) by the next open.
 CLEAN_STOP_NAME: Final = "clean-stop"
-MARKER_TEXT: Final = "mpbroker message store 1\n"
-ARCHIVE_DIR: Final = "archive"
 
 _encode_headers = msgspec.msgpack.Encoder().encode
 _decode_headers = msgspec.msgpack.Decoder(dict[str, str]).decode

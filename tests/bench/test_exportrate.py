@@ -31,6 +31,8 @@ def test_exportrate_measures_export_and_ingest_and_counts_match() -> None:
             assert isinstance(e[key], int | float) and e[key] > 0, (name, key, e[key])
         assert e["parquet_bytes"] > 0
     assert summary["export_no_body"]["parquet_bytes"] < summary["export"]["parquet_bytes"]
+    memory = summary["export_memory"]
+    assert memory["code"] == 0 and 0 < memory["peak_anonymous_mib"] < 128
     ingest = summary["ingest"]
     assert ingest["baseline_rows"] == ingest["baseline_grouped_rows"] == N
     assert (ingest["ingest_rows_read"], ingest["ingest_rows_appended"]) == (N, N)

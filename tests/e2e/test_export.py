@@ -17,6 +17,7 @@ import pytest
 from mpbroker.cli import main
 from mpbroker.export import Options, export
 from mpbroker.harness import BrokerProcess, RawClient
+from tests.commands import EXPORT_IN_PROCESS
 
 RawFactory = Callable[[BrokerProcess], RawClient]
 
@@ -114,7 +115,19 @@ def test_export_while_running_after_stopping_and_incrementally(
 
     assert broker.stop() == 0
     stopped = tmp_path / "stopped"
-    assert main(["export", "--data-dir", str(broker.data_dir), "--out", str(stopped)]) == 0
+    assert (
+        main(
+            [
+                "export",
+                "--data-dir",
+                str(broker.data_dir),
+                "--out",
+                str(stopped),
+                *EXPORT_IN_PROCESS,
+            ]
+        )
+        == 0
+    )
     assert by(stopped, "destination", "kind", "outcome") == {
         ("/queue/ex-a", "queue", "acked"): 50,
         ("/queue/ex-a", "queue", "pending"): 100,

@@ -4,6 +4,7 @@ process): counts and outcomes read back from the Parquet files, incremental runs
 from __future__ import annotations
 
 import io
+import json
 import sys
 from collections import Counter
 from collections.abc import Iterator
@@ -18,6 +19,7 @@ from mpbroker.config import StoreSettings
 from mpbroker.export import MANIFEST_NAME, ExportError, Options, Progress, export
 from mpbroker.records import Message
 from mpbroker.stores import MessageStore, TopicStore
+from tests.commands import EXPORT_IN_PROCESS
 from tests.factories import make_message
 
 # Small segments, so a few dozen messages make several sealed ones; archive on, so retired
@@ -38,9 +40,30 @@ def message(i: int, destination: str, expires_ms: int = 0) -> Message:
     )
 
 
+def export_files(out: Path, kind: bytes) -> list[Path]:
+    """The export's files of one kind (b"rows" or b"updates"), by their metadata."""
+    return [
+        f
+        for f in sorted(out.rglob("*.parquet"))
+        if (pq.read_schema(f).metadata or {}).get(b"mpbroker.export.kind", b"rows") == kind
+    ]
+
+
 def rows_of(out: Path) -> pa.Table:
-    files = sorted(out.rglob("*.parquet"))
+    files = export_files(out, b"rows")
     return pa.concat_tables([pq.read_table(f) for f in files]) if files else None
+
+
+def current(out: Path) -> dict[tuple[str, int], dict[str, object]]:
+    """(store, seq) -> row, with the update files applied (as the ingest applies them)."""
+    rows = {(r["store"], r["seq"]): r for r in rows_of(out).to_pylist()}
+    for f in export_files(out, b"updates"):
+        for u in pq.read_table(f).to_pylist():
+            row = rows[(u["store"], u["seq"])]
+            assert (row["message_id"], row["destination"]) == (u["message_id"], u["destination"])
+            row.update(outcome=u["outcome"], settled_at=u["settled_at"])
+            row["redeliveries"] = u["redeliveries"]
+    return rows
 
 
 def counts(table: pa.Table) -> Counter[tuple[str, str]]:
@@ -140,7 +163,7 @@ def test_cli_exports_and_prints_a_summary(
     data, queues, topics = stores
     fill(queues, topics, 0, 10)
     out = tmp_path / "out"
-    assert main(["export", "--data-dir", str(data), "--out", str(out)]) == 0
+    assert main(["export", "--data-dir", str(data), "--out", str(out), *EXPORT_IN_PROCESS]) == 0
     text = capsys.readouterr().out
     assert "/queue/a" in text
     assert "total" in text
@@ -174,7 +197,16 @@ def test_progress_bar_on_a_terminal_only(
 def test_not_a_store_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     (tmp_path / "data").mkdir()
     (tmp_path / "data" / "something").write_text("x")
-    code = main(["export", "--data-dir", str(tmp_path / "data"), "--out", str(tmp_path / "o")])
+    code = main(
+        [
+            "export",
+            "--data-dir",
+            str(tmp_path / "data"),
+            "--out",
+            str(tmp_path / "o"),
+            *EXPORT_IN_PROCESS,
+        ]
+    )
     assert code == 2
     assert "not an mpbroker data directory" in capsys.readouterr().err
     assert not (tmp_path / "o").exists()
@@ -196,7 +228,7 @@ def test_a_bad_parquet_file_in_out_is_refused(
         pq.write_table(pa.table({"a": [1, 2]}), bad)
     else:
         bad.write_bytes(b"PAR1 not really")
-    code = main(["export", "--data-dir", str(data), "--out", str(out)])
+    code = main(["export", "--data-dir", str(data), "--out", str(out), *EXPORT_IN_PROCESS])
     assert code == 2
     err = capsys.readouterr().err
     assert str(bad) in err
@@ -211,7 +243,7 @@ def test_an_unknown_manifest_schema_version_is_refused(
     out = tmp_path / "out"
     export(data, out, Options())
     manifest = out / MANIFEST_NAME
-    manifest.write_text(manifest.read_text().replace('"schema_version": 1', '"schema_version": 7'))
+    manifest.write_text(manifest.read_text().replace('"schema_version": 2', '"schema_version": 7'))
     with pytest.raises(ExportError, match="schema version 7") as info:
         export(data, out, Options())
     assert info.value.path == manifest
@@ -238,6 +270,157 @@ def test_without_pyarrow_the_command_says_how_to_install_it(
     # None in sys.modules makes `import pyarrow` raise ImportError.
     monkeypatch.setitem(sys.modules, "pyarrow", None)
     monkeypatch.setitem(sys.modules, "pyarrow.parquet", None)
-    assert main(["export", "--data-dir", str(data), "--out", str(tmp_path / "o")]) == 2
+    assert (
+        main(["export", "--data-dir", str(data), "--out", str(tmp_path / "o"), *EXPORT_IN_PROCESS])
+        == 2
+    )
     assert "pip install -e '.[export]'" in capsys.readouterr().err
     assert not (tmp_path / "o").exists()
+
+
+def test_outcomes_found_later_are_exported_as_updates(
+    stores: tuple[Path, MessageStore, TopicStore], tmp_path: Path
+) -> None:
+    data, queues, topics = stores
+    fill(queues, topics, 0, 10)
+    out = tmp_path / "out"
+    export(data, out, Options())
+    pending_a = [seq for seq in queues.live_seqs() if seq <= 10]
+    assert len(pending_a) == 5
+    # Since: two acked after a redelivery, one dead-lettered; the topic's backlog acked.
+    queues.record_delivery(pending_a[:2])
+    queues.settle(pending_a[:2], "acked", 5_000_000)
+    queues.settle(pending_a[2:3], "dead-lettered", 5_000_001)
+    topics.ack([("s1", seq) for seq in topics.messages.live_seqs()], "acked", 5_000_002)
+
+    second = export(data, out, Options())
+    assert second.outcomes_found == {"acked": 2 + 8, "dead-lettered": 1}
+    assert second.still_pending == 2 + 10  # /queue/a's other two, /queue/b's (not expired)
+    assert any("earlier rows settled since: 11" in line for line in second.lines())
+    now = current(out)
+    assert Counter((r["destination"], r["outcome"]) for r in now.values()) == {
+        ("/queue/a", "acked"): 7,
+        ("/queue/a", "dead-lettered"): 1,
+        ("/queue/a", "pending"): 2,
+        ("/queue/b", "pending"): 10,
+        ("/topic/t", "acked"): 10,
+    }
+    assert {now[("p2p-0", seq)]["redeliveries"] for seq in pending_a[:2]} == {1}
+
+    # Nothing new: no update file, and the outcomes found stay found.
+    third = export(data, out, Options())
+    assert (third.update_files, sum(third.outcomes_found.values())) == (0, 0)
+    queues.settle(queues.expired(10, 1000), "expired", 6_000_000)
+    fourth = export(data, out, Options())
+    assert fourth.outcomes_found == {"expired": 10}
+    assert Counter(r["outcome"] for r in current(out).values())["pending"] == 2
+
+
+def test_the_export_directory_reads_as_a_pyarrow_dataset(
+    stores: tuple[Path, MessageStore, TopicStore], tmp_path: Path
+) -> None:
+    """The manifest, the update files (under _updates/) and temporary files are skipped
+    (leading '_' and '.'): the row files read as one dataset; the updates as another."""
+    import pyarrow.dataset as ds
+
+    data, queues, topics = stores
+    fill(queues, topics, 0, 10)
+    out = tmp_path / "out"
+    export(data, out, Options())
+    (out / "p2p-0" / ".seg-00000009.parquet.tmp").write_bytes(b"half written")
+    rows = ds.dataset(out, format="parquet", exclude_invalid_files=False)
+    assert rows.count_rows() == 30
+    queues.settle(queues.live_seqs(), "acked", 5_000_000)
+    export(data, out, Options())
+    assert export_files(out, b"updates")
+    assert all(f.relative_to(out).parts[0] == "_updates" for f in export_files(out, b"updates"))
+    rows = ds.dataset(out, format="parquet")
+    assert rows.count_rows() == 30
+    assert "body" in rows.schema.names
+    updates = ds.dataset(out / "_updates", format="parquet")
+    assert updates.count_rows() == 15  # every pending queue row, acked
+
+
+def test_rows_of_a_segment_deleted_before_their_outcome_was_read_are_settled(
+    tmp_path: Path,
+) -> None:
+    """Without store.archive, a segment whose messages are all settled is deleted, and with
+    it the settlements it held; an export that had its rows as pending marks them
+    'settled' (how is gone) and says so. Settlements held by a later segment are found."""
+    data = tmp_path / "data"
+    settings = StoreSettings(segment_max_bytes=1 << 20, segment_max_age_s=0, archive=False)
+    out = tmp_path / "out"
+    with MessageStore.open(data / "p2p-0", settings) as queues:
+        first = queues.append([message(i, "/queue/a") for i in range(20)])
+        export(data, out, Options())
+        queues.settle(first[:15], "acked", 5_000_000)  # recorded in segment 1 itself
+        queues.roll()
+        queues.settle(first[15:], "expired", 5_000_001)  # recorded in segment 2
+        assert not (data / "p2p-0" / "seg-00000001.db").exists()  # retired, deleted
+        summary = export(data, out, Options())
+    assert summary.outcomes_found == {"settled": 15, "expired": 5}
+    assert Counter(r["outcome"] for r in current(out).values()) == {"settled": 15, "expired": 5}
+    assert any("warning: 15 rows are 'settled'" in line for line in summary.lines())
+
+
+def test_an_interrupted_runs_leftovers_are_removed(
+    stores: tuple[Path, MessageStore, TopicStore], tmp_path: Path
+) -> None:
+    data, queues, topics = stores
+    fill(queues, topics, 0, 10)
+    out = tmp_path / "out"
+    export(data, out, Options())
+    queues.settle(queues.live_seqs(), "acked", 5_000_000)
+    export(data, out, Options())
+    update = export_files(out, b"updates")[0]
+    stray = update.with_name(update.name.replace("updates-2", "updates-9"))
+    stray.write_bytes(update.read_bytes())  # written by a run killed before recording it
+    half = out / "p2p-0" / ".seg-00000001.parquet.tmp"
+    half.write_bytes(b"PAR1")
+    old_style = out / "p2p-0" / "seg-00000001.parquet.tmp"  # an earlier version's name
+    old_style.write_bytes(b"PAR1")
+    export(data, out, Options())
+    assert not stray.exists() and not half.exists() and not old_style.exists()
+    assert update.exists()
+
+
+def test_an_export_directory_of_an_earlier_version_is_carried_on(
+    stores: tuple[Path, MessageStore, TopicStore], tmp_path: Path
+) -> None:
+    """Manifest version 1 (named mpbroker-export.json) and schema version 1 files: the next
+    run renames the manifest, counts the old files' pending rows and finds their outcomes."""
+    data, queues, topics = stores
+    fill(queues, topics, 0, 10)
+    out = tmp_path / "out"
+    export(data, out, Options())
+    # Turn the directory into what version 1 left: files without a kind, schema version 1.
+    manifest = json.loads((out / MANIFEST_NAME).read_text())
+    for path in export_files(out, b"rows"):
+        table = pq.read_table(path)
+        pq.write_table(
+            table.replace_schema_metadata({b"mpbroker.export.schema_version": b"1"}), path
+        )
+    v1 = {
+        **manifest,
+        "manifest_version": 1,
+        "schema_version": 1,
+        "segments": {
+            key: {
+                "upto_seq": e["upto_seq"],
+                "complete": e["complete"],
+                "rows": sum(f["rows"] for f in e["files"]),
+                "files": [f["name"] for f in e["files"]],
+            }
+            for key, e in manifest["segments"].items()
+        },
+    }
+    del v1["runs"]
+    (out / MANIFEST_NAME).unlink()
+    (out / "mpbroker-export.json").write_text(json.dumps(v1))
+
+    queues.settle(queues.live_seqs(), "acked", 5_000_000)
+    summary = export(data, out, Options())
+    assert not (out / "mpbroker-export.json").exists()
+    assert json.loads((out / MANIFEST_NAME).read_text())["manifest_version"] == 2
+    assert summary.outcomes_found["acked"] == 5 + 10
+    assert Counter(r["outcome"] for r in current(out).values())["pending"] == 10 - 2

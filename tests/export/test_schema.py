@@ -9,6 +9,7 @@ from mpbroker.export import (
     PENDING,
     ROW_OUTCOMES,
     SCHEMA_VERSION,
+    SETTLED_UNKNOWN,
     SourceMessage,
     build_row,
     kind_of,
@@ -35,15 +36,15 @@ def source(destination: str = "/queue/a", **changes: object) -> SourceMessage:
 
 
 def test_the_schema_is_versioned_and_names_are_unique() -> None:
-    assert SCHEMA_VERSION == 1
+    assert SCHEMA_VERSION == 2
     names = [c.name for c in COLUMNS]
     assert len(names) == len(set(names))
     assert "body" in column_names(True)
     assert "body" not in column_names(False)
 
 
-def test_outcomes_are_the_stores_plus_pending() -> None:
-    assert OUTCOMES | {PENDING} == ROW_OUTCOMES
+def test_outcomes_are_the_stores_plus_pending_and_settled_unknown() -> None:
+    assert OUTCOMES | {PENDING, SETTLED_UNKNOWN} == ROW_OUTCOMES
 
 
 @pytest.mark.parametrize(

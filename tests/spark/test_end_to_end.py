@@ -22,6 +22,7 @@ from mpbroker.cli import main as mpbroker_main
 from mpbroker.export import Options, export
 from mpbroker.harness import BrokerProcess, RawClient
 from spark.ingest import ingest
+from tests.commands import EXPORT_IN_PROCESS
 from tests.e2e.test_export import consume_and_ack, register_durable, send_all
 from tests.spark.conftest import PY4J_SOCKETS
 
@@ -112,7 +113,12 @@ def test_broker_to_spark_table(
     assert broker.stop() == 0
 
     out = tmp_path / "export"
-    assert mpbroker_main(["export", "--data-dir", str(broker.data_dir), "--out", str(out)]) == 0
+    assert (
+        mpbroker_main(
+            ["export", "--data-dir", str(broker.data_dir), "--out", str(out), *EXPORT_IN_PROCESS]
+        )
+        == 0
+    )
     table = tmp_path / "table"
     chart = tmp_path / "report.png"
     command = [sys.executable, "-m", "spark.ingest", "--input", str(out), "--output", str(table)]
