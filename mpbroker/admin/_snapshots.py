@@ -14,6 +14,7 @@ destination row its `kind` ("queue", "topic"), so a reader knows which type it h
 
 from __future__ import annotations
 
+import threading
 from typing import Any, TypeVar
 
 import msgspec
@@ -621,9 +622,29 @@ def encode(snapshot: _Snapshot) -> bytes:
     return _encoder.encode(snapshot)
 
 
+# msgspec learns a type (its annotations, evaluated in Python) the first time it decodes
+# it, and two threads doing that at once for one type crashed the supervisor (SIGSEGV in
+# msgspec's _core: the admin API answers the dashboard's parallel requests in threads). So
+# each kind's decoder is made once, under a lock, and the admin API's kinds at import.
+_decoders: dict[Any, msgspec.json.Decoder[Any]] = {}
+_decoders_lock = threading.Lock()
+
+
+def _decoder(kind: Any) -> msgspec.json.Decoder[Any]:
+    decoder = _decoders.get(kind)
+    if decoder is None:
+        with _decoders_lock:
+            decoder = _decoders.get(kind)
+            if decoder is None:
+                decoder = _decoders[kind] = msgspec.json.Decoder(kind)
+    return decoder
+
+
 def decode(data: bytes | str, kind: type[_T]) -> _T:
-    """A snapshot or page back from its JSON (msgspec.ValidationError if it is not one)."""
-    return msgspec.json.decode(data, type=kind)
+    """A snapshot or page back from its JSON (msgspec.ValidationError if it is not one).
+    Safe from several threads at once."""
+    result: _T = _decoder(kind).decode(data)
+    return result
 
 
 def without_details(snapshot: WorkerStats, error: str) -> WorkerStats:
@@ -645,3 +666,7 @@ def without_details(snapshot: WorkerStats, error: str) -> WorkerStats:
         elif isinstance(value, msgspec.Struct):
             changes[name] = None
     return msgspec.structs.replace(snapshot, **changes)
+
+
+for _kind in (WorkerStats, StatusView, FlowView):
+    _decoder(_kind)

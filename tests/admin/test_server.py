@@ -8,10 +8,13 @@ import http.client
 import itertools
 import json
 import os
+import subprocess
+import sys
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from email.message import Message
+from pathlib import Path
 from typing import Any
 
 import msgspec
@@ -553,3 +556,37 @@ def test_head_is_answered_as_get_without_the_body() -> None:
             assert head_body == b"", path
     finally:
         server.close()
+
+
+THREADS_DECODING = """
+import sys, threading
+sys.setswitchinterval(1e-6)  # switch threads as often as possible: the race shows
+from mpbroker.admin import WorkerStats, decode, encode
+from tests.admin.test_server import p2p, pubsub
+samples = [encode(p2p(3)), encode(pubsub(3))]
+start = threading.Barrier(8)
+def work(i):
+    start.wait()
+    for _ in range(20):
+        decode(samples[i % 2], WorkerStats)
+threads = [threading.Thread(target=work, args=(i,)) for i in range(8)]
+[t.start() for t in threads]
+[t.join() for t in threads]
+print("ok")
+"""
+
+
+def test_stats_are_decoded_from_many_threads_at_once_in_a_new_process() -> None:
+    """The admin API decodes worker stats in a thread per request; msgspec learning a type
+    in two threads at once crashed the supervisor (SIGSEGV in msgspec's _core). Before the
+    decoders were made once under a lock, 11 of 20 of these processes crashed."""
+    root = Path(__file__).resolve().parents[2]
+    for _ in range(10):
+        run = subprocess.run(
+            [sys.executable, "-c", THREADS_DECODING],
+            cwd=root,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert (run.returncode, run.stdout.strip()) == (0, "ok"), run.stderr[-2000:]
