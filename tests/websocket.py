@@ -229,9 +229,15 @@ def _handshake(
             if not data:
                 raise Rejected(status, body)
             ws.receive_data(data)
-            for event in ws.events():
+            events = ws.events()
+            for event in events:
                 if isinstance(event, AcceptConnection):
-                    return WebSocketClient(sock, ws, event.subprotocol)
+                    client = WebSocketClient(sock, ws, event.subprotocol)
+                    # What came in the same read as the 101 (a refused connection's ERROR
+                    # and close follow at once) is the client's: it was lost here before.
+                    for later in events:
+                        client._handle(later)
+                    return client
                 if isinstance(event, RejectConnection):
                     status = event.status_code
                     if not event.has_body:
