@@ -22,7 +22,7 @@ import secrets
 import sys
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, fields
+from dataclasses import MISSING, dataclass, fields
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final, TypeVar
@@ -40,20 +40,23 @@ __all__ = [
     "load_reports",
     "main",
     "render",
+    "reports_from_records",
     "top_destinations",
     "write_chart",
+    "write_reports_chart",
 ]
 
 # spark.ingest's REPORTS_DIR, not imported: under `spark-submit spark/ingest.py` this module
 # is imported as a plain `chart` next to the script, and `spark.ingest` may not be importable.
 REPORTS_DIR: Final = "_reports"
 TOP_DESTINATIONS: Final = 8
-OUTCOMES: Final = ("acked", "expired", "dead_lettered", "unsubscribed", "pending")
+OUTCOMES: Final = ("acked", "expired", "dead_lettered", "unsubscribed", "settled", "pending")
 _OUTCOME_COLORS: Final = {
     "acked": "#2ca02c",
     "expired": "#ff7f0e",
     "dead_lettered": "#d62728",
     "unsubscribed": "#9467bd",
+    "settled": "#8c564b",
     "pending": "#c7c7c7",
 }
 # tab10 without its grey, which is kept for "other".
@@ -79,7 +82,8 @@ class ChartError(Exception):
     def __init__(self, path: Path | str, detail: str) -> None:
         self.path = Path(path)
         self.detail = detail
-        super().__init__(f"chart: {self.path}: {detail}")
+        # As given: a URI's "//" would not survive a Path.
+        super().__init__(f"chart: {path}: {detail}")
 
 
 @dataclass(frozen=True)
@@ -115,6 +119,8 @@ class OutcomeRow:
     pending: int
     redelivered_messages: int
     redeliveries: int
+    settled: int = 0
+    """Settled, how is gone (reports of an ingest before update files have no column)."""
 
 
 @dataclass(frozen=True)
@@ -164,9 +170,46 @@ _PARSERS: Final[dict[str, Callable[[str], object]]] = {
 }
 
 
-def _read_report(part: Path, row_type: type[_Row]) -> list[_Row]:
-    columns = [(f.name, _PARSERS[str(f.type)]) for f in fields(row_type)]
+def _parse_rows(
+    header: Sequence[str],
+    records: Iterable[tuple[int, Sequence[str]]],
+    row_type: type[_Row],
+    source: Path | str,
+    name: str,
+) -> list[_Row]:
+    """Rows of `row_type` from a report's header and its (line number, cells); ChartError
+    naming `source` for a missing column or a bad cell."""
+    fields_ = [f for f in fields(row_type)]
+    required = [f.name for f in fields_ if f.default is MISSING]
+    missing = [column for column in required if column not in header]
+    if missing:
+        raise ChartError(source, f"not a {name} report: no column(s) {', '.join(missing)}")
+    # Extra columns are left alone: a newer ingest job may add some; a column with a
+    # default may be missing: an older one wrote none.
+    columns = [
+        (f.name, _PARSERS[str(f.type)], header.index(f.name)) for f in fields_ if f.name in header
+    ]
     rows: list[_Row] = []
+    for line, cells in records:
+        if len(cells) != len(header):
+            raise ChartError(
+                source,
+                f"line {line}: {len(cells)} cells, the header has {len(header)}"
+                " (truncated or damaged?)",
+            )
+        values: dict[str, Any] = {}
+        for column, parse, i in columns:
+            try:
+                values[column] = parse(cells[i])
+            except ValueError:
+                raise ChartError(
+                    source, f"line {line}: {column} {cells[i]!r} is not valid"
+                ) from None
+        rows.append(row_type(**values))
+    return rows
+
+
+def _read_report(part: Path, row_type: type[_Row]) -> list[_Row]:
     try:
         with open(part, newline="", encoding="utf-8") as fh:
             # Spark's CSV writer escapes a quote inside a quoted cell with a backslash.
@@ -174,36 +217,19 @@ def _read_report(part: Path, row_type: type[_Row]) -> list[_Row]:
             header = next(reader, None)
             if header is None:
                 raise ChartError(part, "empty file (no header row)")
-            missing = [name for name, _ in columns if name not in header]
-            if missing:
-                raise ChartError(
-                    part, f"not a {part.parent.name} report: no column(s) {', '.join(missing)}"
-                )
-            # Extra columns are left alone: a newer ingest job may add some.
-            index = [header.index(name) for name, _ in columns]
-            for cells in reader:
-                if len(cells) != len(header):
-                    raise ChartError(
-                        part,
-                        f"line {reader.line_num}: {len(cells)} cells, the header has"
-                        f" {len(header)} (truncated or damaged?)",
-                    )
-                values: dict[str, Any] = {}
-                for (name, parse), i in zip(columns, index, strict=True):
-                    try:
-                        values[name] = parse(cells[i])
-                    except ValueError:
-                        raise ChartError(
-                            part, f"line {reader.line_num}: {name} {cells[i]!r} is not valid"
-                        ) from None
-                rows.append(row_type(**values))
+            return _parse_rows(
+                header,
+                ((reader.line_num, cells) for cells in reader),
+                row_type,
+                part,
+                part.parent.name,
+            )
     except csv.Error as exc:
         raise ChartError(part, f"damaged CSV ({exc})") from None
     except UnicodeDecodeError:
         raise ChartError(part, "not a text (UTF-8) CSV file") from None
     except OSError as exc:
         raise ChartError(part, exc.strerror or str(exc)) from None
-    return rows
 
 
 def _report_files(reports_dir: Path, name: str) -> list[Path]:
@@ -245,6 +271,40 @@ def _check_totals(
             )
 
 
+_ROW_TYPES: Final = {"per_minute": MinuteRow, "sizes": SizeRow, "outcomes": OutcomeRow}
+
+
+def reports_from_records(
+    records: Mapping[str, Sequence[Mapping[str, str]]], source: str
+) -> Reports:
+    """The reports from their rows as text cells by column (as the ingest job reads its CSV
+    files back through Spark, from wherever the table is); ChartError naming `source`."""
+    parsed: dict[str, list[Any]] = {}
+    for name, row_type in _ROW_TYPES.items():
+        rows = records.get(name)
+        where = f"{source}/{name}"
+        if rows is None:
+            raise ChartError(where, "missing report")
+        header = list(rows[0]) if rows else [f.name for f in fields(row_type)]
+        parsed[name] = _parse_rows(
+            header,
+            ((i + 2, [row.get(h, "") for h in header]) for i, row in enumerate(rows)),
+            row_type,
+            where,
+            name,
+        )
+    _check_totals(
+        parsed["outcomes"],
+        Path(source) / "outcomes",
+        parsed["per_minute"],
+        Path(source) / "per_minute",
+    )
+    _check_totals(
+        parsed["outcomes"], Path(source) / "outcomes", parsed["sizes"], Path(source) / "sizes"
+    )
+    return Reports(tuple(parsed["per_minute"]), tuple(parsed["sizes"]), tuple(parsed["outcomes"]))
+
+
 def load_reports(reports_dir: Path) -> Reports:
     """The three reports under `reports_dir` (TABLE/_reports); ChartError naming a bad file."""
     if not reports_dir.is_dir():
@@ -281,10 +341,17 @@ class Grouping:
 
 
 def top_destinations(reports: Reports, limit: int = TOP_DESTINATIONS) -> Grouping:
-    """The `limit` destinations with the most messages (ties by name); the rest folded."""
+    """The `limit` destinations with the most messages (ties by name), and every destination
+    with a message that expired, was dead-lettered or whose outcome is lost (someone looking
+    for trouble must find it: folded into "other", the only dead letters of a quiet queue
+    were hidden); the rest folded."""
     ranked = sorted(reports.destinations().items(), key=lambda item: (-item[1], item[0]))
     names = [name for name, _ in ranked]
-    return Grouping(tuple(names[:limit]), frozenset(names[limit:]))
+    troubled = {
+        r.destination for r in reports.outcomes if r.expired or r.dead_lettered or r.settled
+    }
+    shown = [n for i, n in enumerate(names) if i < limit or n in troubled]
+    return Grouping(tuple(shown), frozenset(names) - set(shown))
 
 
 def messages_per_minute(
@@ -601,16 +668,23 @@ def render(reports: Reports, out: Path, title: str) -> None:
         fig.clear()
 
 
+def write_reports_chart(reports: Reports, out: Path, title: str) -> Path:
+    """Chart `reports` as a PNG at `out`; `out`. ChartError for an `out` that cannot be
+    written (nothing is left half written)."""
+    try:
+        render(reports, out, title)
+    except OSError as exc:
+        raise ChartError(out, exc.strerror or str(exc)) from None
+    return out
+
+
 def write_chart(table: Path, out: Path, title: str = "") -> Path:
     """Chart TABLE/_reports as a PNG at `out`; `out`. ChartError (nothing written) for
     missing or damaged reports or an `out` that cannot be written. The default title names
     the table."""
-    reports = load_reports(table / REPORTS_DIR)
-    try:
-        render(reports, out, title or f"mpbroker reports: {table}")
-    except OSError as exc:
-        raise ChartError(out, exc.strerror or str(exc)) from None
-    return out
+    return write_reports_chart(
+        load_reports(table / REPORTS_DIR), out, title or f"mpbroker reports: {table}"
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -1,96 +1,171 @@
 """Ingest an `mpbroker export` directory into a Parquet table, and write reports beside it.
 
     python -m spark.ingest --input /srv/export --output /srv/table          # local[*]
-    spark-submit spark/ingest.py --input /srv/export --output /srv/table    # a cluster
+    spark-submit spark/ingest.py --input hdfs:///mpbroker/export --output hdfs:///mpbroker/table
 
-Every input file is checked first (a damaged or foreign Parquet file, or a schema version
-this job does not know, is refused naming the file, exit code 2, before anything is
-written). The rows are appended to a table partitioned by destination and day (UTC), leaving
-out rows already in it (same store, seq and message id), so re-running adds nothing. Files
-ingested before (``<output>/_ingested.json``: path and size) are not read again, so a run
-costs what the new files cost, not the whole history of an incrementally exported directory;
-delete that file to have every file read again (the anti-join still adds nothing twice). The
-reports under ``<output>/_reports/`` are recomputed from the whole table when it changed and
-replaced as a whole. The message body is not copied into the table.
+`--input` and `--output` are any path Spark's Hadoop layer takes (a local path, ``file://``,
+``hdfs://``, ``s3a://``, ``abfss://`` with the user's connectors); every file operation of
+the job goes through it (`tablefs.TableFS`). The table needs a filesystem that renames
+atomically and can keep a second run out; one that cannot (an object store) is refused as
+`--output`, naming the scheme.
 
-A run that was killed is finished by running it again: Spark makes a written file visible in
-the table only by renaming it there, so the table holds whole files of the killed run at
-most, and the anti-join appends exactly the rows still missing. What the killed run left in
-``<output>/_temporary/`` is removed first; Spark's job commit would otherwise merge those
-task outputs into the table a second time (measured: 3,095 duplicate rows after a kill -9
-of a 300,000-row append). One run at a time per table: ``<output>/_ingest.lock`` (flock)
-refuses a second. The table is a local or shared POSIX directory (not an HDFS URI).
+A run, under the table's lock:
+
+1. finishes or clears what a killed run left (Spark's staging folder, a half-done swap of
+   rewritten partitions, which it completes);
+2. checks the export files it has not ingested before (their footers: an export file of a
+   schema version this job reads), refusing a damaged or foreign one by name, exit 2;
+3. appends the new rows (without the body) to the table, partitioned by destination and UTC
+   day, leaving out rows already in it (same store, seq and message id);
+4. applies the export's update files (outcomes found after a row was exported as pending):
+   the partitions holding those rows are rewritten into a staging folder and swapped in,
+   a swap journal making the swap finish after a kill;
+5. records what it ingested and the table's new version in ``_mpbroker_table/``;
+6. recomputes the reports (``_reports/``) when the table changed, and registers the table
+   in Spark's catalog when ``--table NAME`` is given.
+
+Re-running adds nothing and changes nothing; a killed run is finished by the next.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
-import fcntl
 import json
-import os
-import shutil
+import re
 import sys
+import uuid
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Final
+from typing import TYPE_CHECKING, Any, Final
+from urllib.parse import urlparse
+
+try:
+    from spark.tablefs import TableFS, TableFSError, support
+except ImportError:  # spark-submit spark/ingest.py: the script's directory is on the path
+    from tablefs import TableFS, TableFSError, support  # type: ignore[import-not-found,no-redef]
 
 if TYPE_CHECKING:
-    from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql import Column, DataFrame, SparkSession
 
-__all__ = ["IngestError", "IngestSummary", "check_inputs", "ingest", "main"]
+__all__ = [
+    "TABLE_COLUMNS",
+    "TABLE_SCHEMA_VERSION",
+    "IngestError",
+    "IngestSummary",
+    "ingest",
+    "main",
+]
 
 # The export's unique key: (store, seq) is unique in a data directory; the message id guards
 # against two data directories with the same store names.
 KEY: Final = ("store", "seq", "message_id")
 PARTITIONS: Final = ("destination", "day")
+PENDING: Final = "pending"
+STATE_DIR: Final = "_mpbroker_table"
+"""The table's own metadata: ``state-N.json`` (schema version, version, the export files
+ingested) and the swap journal."""
+SWAP_JOURNAL: Final = f"{STATE_DIR}/swap.json"
+STAGING_DIR: Final = "_staging"
 REPORTS_DIR: Final = "_reports"
-# The table's row count the reports were computed from (in the reports directory).
-REPORTS_MARKER: Final = "_table_rows"
+REPORTS_MARKER: Final = "_table_version"
 LOCK_FILE: Final = "_ingest.lock"
-# Export files already appended (absolute path -> size), so that a run reads only new ones:
-# an export directory only gains files, and re-reading its whole history every run would
-# make each ingest cost as much as all before it.
-INGEST_LOG: Final = "_ingested.json"
 # Where Spark's file committer stages a write before its job commit renames it into place.
 SPARK_STAGING_DIR: Final = "_temporary"
+UPDATES_DIR: Final = "_updates"
+STATE_FORMAT: Final = "mpbroker-table"
+# 2: TIMESTAMP (microseconds, UTC) instead of INT96, required columns non-null, the schema
+# version in the table's metadata, outcomes updated in place. Tables made before (1) have
+# no state folder.
+TABLE_SCHEMA_VERSION: Final = 2
 # Size histogram buckets: upper bounds in bytes (exclusive); the last bucket is open.
 SIZE_BUCKETS_BYTES: Final = (1024, 4096, 16384, 65536, 262144, 1048576)
-OUTCOME_COLUMNS: Final = ("acked", "expired", "dead-lettered", "unsubscribed", "pending")
+OUTCOME_COLUMNS: Final = ("acked", "expired", "dead-lettered", "unsubscribed", "settled", "pending")
 
-# Used when mpbroker itself is not importable (spark-submit with a bare Python).
-_SCHEMA_KEY: Final = b"mpbroker.export.schema_version"
-_KIND_KEY: Final = b"mpbroker.export.kind"
-_KNOWN_SCHEMA_VERSIONS: Final = frozenset({b"1", b"2"})
+# The export's footer keys (the job runs where mpbroker may not be importable).
+_SCHEMA_KEY: Final = "mpbroker.export.schema_version"
+_KIND_KEY: Final = "mpbroker.export.kind"
+_KNOWN_SCHEMA_VERSIONS: Final = frozenset({"1", "2"})
+_TABLE_NAME: Final = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)?$")
+_READ_ERROR: Final = re.compile(r"Encountered error while reading file (\S+?)\. Details")
+
+
+@dataclass(frozen=True, slots=True)
+class TableColumn:
+    name: str
+    type: str
+    """Spark SQL type."""
+    nullable: bool
+    doc: str
+
+
+TABLE_COLUMNS: Final[tuple[TableColumn, ...]] = (
+    TableColumn("message_id", "string", False, "the broker's message-id"),
+    TableColumn("destination", "string", False, "e.g. /queue/orders (a partition column)"),
+    TableColumn("kind", "string", False, "queue or topic"),
+    TableColumn("persistent", "boolean", False, "always true: only persistent messages"),
+    TableColumn("priority", "tinyint", False, "JMS priority 0-9"),
+    TableColumn("timestamp", "timestamp", False, "when the broker received it (UTC)"),
+    TableColumn("expires", "timestamp", True, "expiry; null when it never expires"),
+    TableColumn("redeliveries", "int", False, "delivery attempts that came back"),
+    TableColumn("size_bytes", "bigint", False, "body as stored plus header text"),
+    TableColumn("headers", "map<string,string>", False, "standard STOMP/JMS headers"),
+    TableColumn("properties", "map<string,string>", False, "the sender's other headers"),
+    TableColumn("outcome", "string", False, "acked, expired, dead-lettered, ... or pending"),
+    TableColumn("settled_at", "timestamp", True, "when it was settled; null while pending"),
+    TableColumn("pending_subscriptions", "int", True, "topics: subscriptions owing an ack"),
+    TableColumn("store", "string", False, "source store, e.g. p2p-0"),
+    TableColumn("segment", "int", False, "source segment number"),
+    TableColumn("seq", "bigint", False, "the store's sequence number"),
+    TableColumn("day", "date", False, "UTC day of timestamp (a partition column)"),
+)
+_UPDATE_COLUMNS: Final = (
+    "store string, segment int, seq bigint, message_id string, destination string,"
+    " timestamp timestamp, outcome string, settled_at timestamp, redeliveries int"
+)
 
 
 class IngestError(Exception):
-    """The job refused its input; names the file and why. Nothing was written."""
+    """The job refused its input or output; names the file and why. Nothing was written."""
+
+    exit_code = 2
 
     def __init__(self, path: Path | str, detail: str) -> None:
-        self.path = Path(path)
+        self.path = str(path)
         self.detail = detail
         super().__init__(f"ingest: {self.path}: {detail}")
+
+
+class SparkFailed(IngestError):
+    """A Spark job failed for a reason that names no input file."""
+
+    exit_code = 1
 
 
 @dataclass
 class IngestSummary:
     files: int = 0
     files_read: int = 0
-    """Files not ingested before (the others are in the table's ingest log)."""
+    """Row files not ingested before (the others are in the table's ingest log)."""
+    update_files_read: int = 0
     rows_read: int = 0
     rows_appended: int = 0
     rows_in_table: int = 0
+    outcomes_updated: int = 0
+    """Pending rows of the table that an update file settled."""
+    updates_without_row: int = 0
+    partitions_rewritten: int = 0
+    table_version: int = 0
     destinations: dict[str, tuple[int, int]] = field(default_factory=dict)
     """destination -> (messages, bytes) over the whole table."""
-    leftovers_removed: list[Path] = field(default_factory=list)
-    """What an earlier, killed run left half written (removed before this run wrote)."""
+    leftovers_removed: list[str] = field(default_factory=list)
+    """What an earlier, killed run left half done (removed or finished before this run)."""
     warnings: list[str] = field(default_factory=list)
 
     def lines(self) -> list[str]:
-        out = [
-            *(f"removed {p}, left by an unfinished earlier run" for p in self.leftovers_removed),
+        return [
+            *(f"{p}: left by an unfinished earlier run, done with" for p in self.leftovers_removed),
             *self.warnings,
             f"{'destination':<40} {'messages':>10} {'bytes':>14}",
             *(
@@ -101,122 +176,336 @@ class IngestSummary:
             f" {self.rows_read} rows read, {self.rows_appended} appended"
             f" ({self.rows_read - self.rows_appended} already in the table),"
             f" {self.rows_in_table} rows in the table",
+            f"{self.update_files_read} update files read, {self.outcomes_updated} outcomes"
+            f" updated in {self.partitions_rewritten} partitions; table version"
+            f" {self.table_version}",
         ]
-        return out
 
 
-def _check_file(path: Path) -> str:
+# --- the table's state -------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class TableState:
+    version: int = 0
+    """Bumped by every run that changed the table (reports follow it)."""
+    ingested: dict[str, int] = field(default_factory=dict)
+    """Export files ingested: URI -> size. An export directory only gains files, so a run
+    reads only new ones, not the export's whole history."""
+
+    def to_json(self) -> str:
+        return json.dumps(
+            {
+                "format": STATE_FORMAT,
+                "schema_version": TABLE_SCHEMA_VERSION,
+                "version": self.version,
+                "ingested": dict(sorted(self.ingested.items())),
+            },
+            indent=0,
+        )
+
+
+def _state_name(version: int) -> str:
+    return f"{STATE_DIR}/state-{version:08d}.json"
+
+
+def read_state(fs: TableFS) -> TableState:
+    """The table's newest state; a table with data but no state (made by an earlier version
+    of the job) or of another schema version is refused."""
+    states = [e.name for e in fs.list(STATE_DIR) if re.search(r"/state-\d{8}\.json$", e.name)]
+    if not states:
+        if _has_data(fs):
+            raise IngestError(
+                fs.uri,
+                "a table made by an earlier version of this job (INT96 timestamps, no schema"
+                " version): ingest into a new --output (the export directory holds every"
+                " row), then remove this one",
+            )
+        return TableState()
+    name = states[-1]
     try:
-        from mpbroker.export import ExportError
-        from mpbroker.export._parquet import check_file
-    except ImportError:
-        return _check_file_pyarrow(path)
+        data = json.loads(fs.read_text(name))
+        if data.get("format") != STATE_FORMAT:
+            raise ValueError("not an mpbroker table state")
+        if data.get("schema_version") != TABLE_SCHEMA_VERSION:
+            raise IngestError(
+                fs.child(name),
+                f"table schema version {data.get('schema_version')!r} unknown (this job"
+                f" writes {TABLE_SCHEMA_VERSION})",
+            )
+        return TableState(
+            int(data["version"]), {str(k): int(v) for k, v in data["ingested"].items()}
+        )
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise IngestError(fs.child(name), f"damaged table state ({exc})") from None
+
+
+def write_state(fs: TableFS, state: TableState) -> None:
+    """Record `state` as a new file (never overwriting one), then drop all but the newest two."""
+    fs.create_text(_state_name(state.version), state.to_json())
+    states = [e.name for e in fs.list(STATE_DIR) if re.search(r"/state-\d{8}\.json$", e.name)]
+    for old in states[:-2]:
+        fs.delete(old)
+
+
+def _has_data(fs: TableFS) -> bool:
+    return any(e.is_dir and not e.name.startswith(("_", ".")) for e in fs.list())
+
+
+# --- inputs --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Inputs:
+    rows: list[tuple[str, int]]
+    """Row files: (URI, size)."""
+    updates: list[tuple[str, int]]
+
+
+def list_inputs(fs: TableFS) -> Inputs:
+    """The export's row files and update files (not checked yet)."""
+    if not fs.is_dir():
+        raise IngestError(fs.uri, "not a directory")
+    rows: list[tuple[str, int]] = []
+    updates: list[tuple[str, int]] = []
+    for entry in fs.list(recursive=True):
+        parts = entry.name.split("/")
+        if not entry.name.endswith(".parquet") or any(p.startswith(".") for p in parts):
+            continue
+        if parts[0] == UPDATES_DIR:
+            updates.append((fs.child(entry.name), entry.size))
+        elif not any(p.startswith("_") for p in parts):
+            rows.append((fs.child(entry.name), entry.size))
+    if not rows:
+        raise IngestError(fs.uri, "no .parquet files (not an mpbroker export directory?)")
+    return Inputs(rows, updates)
+
+
+def check_file(fs: TableFS, uri: str, kind: str) -> None:
+    """IngestError naming the file unless its footer says it is an export file of `kind`
+    and of a schema version this job reads (a damaged footer is refused too)."""
     try:
-        return check_file(path)
-    except ExportError as exc:
-        raise IngestError(path, exc.detail) from None
-
-
-def _check_file_pyarrow(path: Path) -> str:
-    import pyarrow.parquet as pq
-
-    try:
-        schema = pq.read_schema(path)
-    except Exception as exc:  # ArrowInvalid, OSError, ... for a bad footer
-        raise IngestError(path, f"damaged or not a Parquet file ({exc})") from None
-    metadata = schema.metadata or {}
+        metadata = fs.footer_metadata(uri)
+    except TableFSError as exc:
+        raise IngestError(uri, f"damaged or not a Parquet file ({exc.detail})") from None
     version = metadata.get(_SCHEMA_KEY)
     if version is None:
-        raise IngestError(path, "a Parquet file not written by mpbroker export (foreign file)")
+        raise IngestError(uri, "a Parquet file not written by mpbroker export (foreign file)")
     if version not in _KNOWN_SCHEMA_VERSIONS:
-        raise IngestError(path, f"schema version {version.decode(errors='replace')!r} unknown")
-    return str(metadata.get(_KIND_KEY, b"rows").decode(errors="replace"))
+        raise IngestError(uri, f"schema version {version!r} unknown")
+    found = metadata.get(_KIND_KEY, "rows")
+    if found != kind:
+        where = "under _updates/" if kind == "updates" else "among the row files"
+        raise IngestError(uri, f"an export file of kind {found!r} {where}")
 
 
-def check_inputs(input_dir: Path) -> list[Path]:
-    """The export's row files, each checked; IngestError naming the first bad one. (Files
-    under a folder whose name starts with an underscore, such as the export's _updates/,
-    are not row files.)"""
-    if not input_dir.is_dir():
-        raise IngestError(input_dir, "not a directory")
-    files = sorted(
-        p
-        for p in input_dir.rglob("*.parquet")
-        if p.is_file()
-        and not any(part.startswith(("_", ".")) for part in p.relative_to(input_dir).parts)
-    )
-    if not files:
-        raise IngestError(input_dir, "no .parquet files (not an mpbroker export directory?)")
-    for path in files:
-        kind = _check_file(path)
-        if kind != "rows":
-            raise IngestError(path, f"an export file of kind {kind!r} among the row files")
-    return files
+# --- Spark ---------------------------------------------------------------------------------
 
 
 @contextlib.contextmanager
-def table_lock(output: Path) -> Iterator[None]:
-    """Hold ``output``'s ingest lock (created with the directory); IngestError if another
-    run holds it. A second run would share the first one's Spark staging directory."""
-    output.mkdir(parents=True, exist_ok=True)
-    path = output / LOCK_FILE
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+def spark_errors() -> Iterator[None]:
+    """A Spark job's failure as one line: a file it could not read named (IngestError, exit
+    2: the job's writes were aborted, nothing is in the table), anything else SparkFailed."""
     try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
-            raise IngestError(
-                output, f"another ingest into this table is running (pid {holder}, {path})"
-            ) from None
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
         yield
-    finally:
-        os.close(fd)  # releases the lock; the file stays, so its inode is the lock
+    except IngestError:
+        raise
+    except TableFSError as exc:
+        raise IngestError(exc.location, exc.detail) from None
+    except Exception as exc:
+        text = str(exc)
+        found = _READ_ERROR.search(text)
+        causes = [
+            line.strip()
+            for line in text.splitlines()
+            if line.startswith("Caused by:") and "Encountered error while reading" not in line
+        ]
+        cause = causes[-1].removeprefix("Caused by: ") if causes else ""
+        if found is not None:
+            raise IngestError(
+                found.group(1),
+                f"damaged: Spark could not read it{f' ({cause[:200]})' if cause else ''}",
+            ) from None
+        first = next((line for line in text.splitlines() if line.strip()), type(exc).__name__)
+        raise SparkFailed("spark", f"a Spark job failed: {(cause or first)[:300]}") from None
 
 
-def _remove_unfinished(output: Path) -> list[Path]:
-    """Remove what a killed run left half done: Spark's staging directory and a reports
-    directory not yet swapped in. Called with the table lock held."""
-    candidates = (SPARK_STAGING_DIR, REPORTS_DIR + ".tmp", INGEST_LOG + ".tmp")
-    leftovers = [output / name for name in candidates if (output / name).exists()]
-    for path in leftovers:
-        if path.is_dir():
-            shutil.rmtree(path)
-        else:
-            path.unlink()
-    return leftovers
+def _not_null(frame: DataFrame, column: Column) -> Column:
+    """`column`, typed non-nullable, failing the job on a null (Spark types every column read
+    from Parquet as nullable; the export guarantees these values, and its files say so).
+    Spark has no public function for it: this is the expression its own encoders use."""
+    from pyspark.sql import Column as SparkColumn
 
-
-def _read_log(output: Path) -> tuple[dict[str, int], str | None]:
-    """The ingest log, and a warning when it had to be ignored (every file is read again,
-    which the anti-join makes safe)."""
-    path = output / INGEST_LOG
-    try:
-        data = json.loads(path.read_text())
-        files = data["files"]
-        if data.get("version") != 1 or not isinstance(files, dict):
-            raise ValueError("unknown layout")
-        return {str(k): int(v) for k, v in files.items()}, None
-    except FileNotFoundError:
-        return {}, None
-    except (ValueError, KeyError, TypeError, AttributeError) as exc:
-        return {}, f"ignored {path} ({exc}): every input file is read again"
-
-
-def _write_log(output: Path, files: dict[str, int]) -> None:
-    path = output / INGEST_LOG
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps({"version": 1, "files": files}, indent=0, sort_keys=True))
-    os.replace(tmp, path)
-
-
-def _table_files(output: Path) -> bool:
-    return output.is_dir() and any(
-        not any(part.startswith(("_", ".")) for part in p.relative_to(output).parts)
-        for p in output.rglob("*.parquet")
+    jvm = frame.sparkSession._jvm
+    assert jvm is not None
+    empty = (
+        jvm.scala.collection.JavaConverters.asScalaBufferConverter(jvm.java.util.ArrayList())
+        .asScala()
+        .toSeq()
     )
+    expression = jvm.org.apache.spark.sql.catalyst.expressions.objects.AssertNotNull(
+        column._jc.expr(), empty
+    )
+    return SparkColumn(jvm.org.apache.spark.sql.Column(expression))
+
+
+def typed(frame: DataFrame) -> DataFrame:
+    """`frame` as the table's columns: each cast, non-null where the table says so, with its
+    description and the schema version in its metadata."""
+    from pyspark.sql import functions as F
+
+    columns = []
+    for c in TABLE_COLUMNS:
+        value = F.col(c.name).cast(c.type)
+        if not c.nullable:
+            value = _not_null(frame, value)
+        columns.append(
+            value.alias(
+                c.name,
+                metadata={"comment": c.doc, "mpbroker.table.schema_version": TABLE_SCHEMA_VERSION},
+            )
+        )
+    return frame.select(*columns)
+
+
+def _row_schema() -> str:
+    return ", ".join(f"{c.name} {c.type}" for c in TABLE_COLUMNS if c.name != "day")
+
+
+def _read_rows(spark: SparkSession, uris: list[str]) -> DataFrame:
+    from pyspark.sql import functions as F
+
+    # By name, with the table's types; the body is not read.
+    rows = spark.read.schema(_row_schema()).parquet(*uris)
+    return rows.withColumn("day", F.to_date("timestamp"))
+
+
+def _append_rows(spark: SparkSession, fs: TableFS, uris: list[str], summary: IngestSummary) -> None:
+    rows = _read_rows(spark, uris)
+    # An export holds each row once, so de-duplicating whole rows (a shuffle of every
+    # column) is only needed when the input overlaps itself (say, two exports of one data
+    # directory under --input); counting distinct keys finds out for a shuffle of keys.
+    summary.rows_read = rows.select(*KEY).distinct().count()
+    if summary.rows_read != rows.count():
+        rows = rows.dropDuplicates(list(KEY))
+    if _has_data(fs):
+        existing = spark.read.parquet(fs.uri).select(*KEY)
+        rows = rows.join(existing, on=list(KEY), how="left_anti")
+    typed(rows).write.mode("append").partitionBy(*PARTITIONS).parquet(fs.uri)
+
+
+def _apply_updates(
+    spark: SparkSession, fs: TableFS, uris: list[str], summary: IngestSummary
+) -> None:
+    """Rewrite the partitions holding rows the update files settle, into a staging folder,
+    then swap them in (`_swap`)."""
+    from pyspark.sql import functions as F
+
+    updates = (
+        spark.read.schema(_UPDATE_COLUMNS)
+        .parquet(*uris)
+        .withColumn("day", F.to_date("timestamp"))
+        .dropDuplicates(list(KEY))
+    )
+    places = updates.select(*PARTITIONS).distinct().collect()
+    if not places or not _has_data(fs):
+        summary.updates_without_row = updates.count()
+        return
+    destinations = sorted({r["destination"] for r in places})
+    days = sorted({r["day"] for r in places})
+    current = (
+        spark.read.parquet(fs.uri)
+        .where(F.col("destination").isin(destinations) & F.col("day").isin(days))
+        .join(F.broadcast(updates.select(*PARTITIONS).distinct()), on=list(PARTITIONS))
+    )
+    found = updates.select(
+        *KEY,
+        F.col("outcome").alias("u_outcome"),
+        F.col("settled_at").alias("u_settled_at"),
+        F.col("redeliveries").alias("u_redeliveries"),
+    )
+    joined = current.join(found, on=list(KEY), how="left")
+    settles = F.col("u_outcome").isNotNull() & (F.col("outcome") == PENDING)
+    merged = joined.select(
+        *(
+            F.when(settles, F.col(f"u_{name}")).otherwise(F.col(name)).alias(name)
+            if name in ("outcome", "settled_at")
+            else F.when(settles, F.greatest("redeliveries", "u_redeliveries"))
+            .otherwise(F.col("redeliveries"))
+            .alias("redeliveries")
+            if name == "redeliveries"
+            else F.when(settles & (F.col("kind") == "topic"), F.lit(0))
+            .otherwise(F.col("pending_subscriptions"))
+            .alias("pending_subscriptions")
+            if name == "pending_subscriptions"
+            else F.col(name)
+            for name in (c.name for c in TABLE_COLUMNS)
+        ),
+        settles.alias("_settled_now"),
+    ).cache()
+    try:
+        summary.outcomes_updated = merged.where("_settled_now").count()
+        summary.updates_without_row = updates.join(
+            current.select(*KEY), on=list(KEY), how="left_anti"
+        ).count()
+        if summary.outcomes_updated == 0:
+            return
+        staging = f"{STAGING_DIR}/{uuid.uuid4().hex}"
+        typed(merged.drop("_settled_now")).write.partitionBy(*PARTITIONS).parquet(fs.child(staging))
+    finally:
+        merged.unpersist()
+    partitions = [
+        day.name
+        for destination in fs.list(staging)
+        if destination.is_dir and destination.name.split("/")[-1].startswith("destination=")
+        for day in fs.list(destination.name)
+        if day.is_dir
+    ]
+    prefix = staging + "/"
+    journal = {
+        "staging": staging,
+        "old": f"{staging}-old",
+        "partitions": [p.removeprefix(prefix) for p in partitions],
+    }
+    fs.create_text(SWAP_JOURNAL, json.dumps(journal))
+    _swap(fs, journal)
+    summary.partitions_rewritten = len(partitions)
+
+
+def _swap(fs: TableFS, journal: dict[str, Any]) -> None:
+    """Move each staged partition into the table (the one there first to the old folder),
+    then drop the staging folders and the journal. Run again after a kill, it finishes."""
+    staging, old = str(journal["staging"]), str(journal["old"])
+    assert staging.startswith(STAGING_DIR + "/") and old.startswith(STAGING_DIR + "/")
+    for partition in journal["partitions"]:
+        staged = f"{staging}/{partition}"
+        if not fs.exists(staged):
+            continue  # swapped before the kill
+        if fs.exists(partition):
+            fs.rename(partition, f"{old}/{partition}")
+        fs.rename(staged, partition)
+    fs.delete(STAGING_DIR)  # this run's staging and old folders, and nothing else's
+    fs.delete(SWAP_JOURNAL)
+
+
+def _finish_unfinished(fs: TableFS) -> list[str]:
+    """Finish a swap a killed run began; remove what else it left half done: Spark's
+    staging folder (its job commit would merge those task outputs into the table a second
+    time: measured, 3,095 duplicate rows after a kill -9 of a 300,000-row append), staged
+    partitions never swapped, a reports folder not swapped in."""
+    done: list[str] = []
+    if fs.exists(SWAP_JOURNAL):
+        journal = json.loads(fs.read_text(SWAP_JOURNAL))
+        _swap(fs, journal)
+        done.append(fs.child(SWAP_JOURNAL))
+    for name in (SPARK_STAGING_DIR, STAGING_DIR, REPORTS_DIR + ".tmp"):
+        if fs.exists(name):
+            fs.delete(name)
+            done.append(fs.child(name))
+    return done
+
+
+# --- reports -------------------------------------------------------------------------------
 
 
 def _reports(table: DataFrame) -> dict[str, DataFrame]:
@@ -272,124 +561,265 @@ def _reports(table: DataFrame) -> dict[str, DataFrame]:
     return {"per_minute": per_minute, "sizes": sizes, "outcomes": outcomes}
 
 
-def ingest(spark: SparkSession, input_dir: Path, output: Path) -> IngestSummary:
-    """Check, append the new rows, rewrite the reports; IngestError before any write."""
-    files = check_inputs(input_dir)
-    with table_lock(output):
-        return _ingest_locked(spark, files, output)
+def _write_reports(table: DataFrame, fs: TableFS, version: int) -> None:
+    """Recompute the reports over the whole table and swap them in whole, unless the ones
+    there were computed over this version of the table."""
+    marker = f"{REPORTS_DIR}/{REPORTS_MARKER}"
+    if fs.exists(marker) and fs.read_text(marker).strip() == str(version):
+        return
+    tmp = REPORTS_DIR + ".tmp"  # a killed run's is gone (_finish_unfinished)
+    for name, report in _reports(table).items():
+        report.coalesce(1).write.option("header", True).csv(fs.child(f"{tmp}/{name}"))
+    fs.create_text(f"{tmp}/{REPORTS_MARKER}", f"{version}\n")
+    fs.delete(REPORTS_DIR)
+    fs.rename(tmp, REPORTS_DIR)
 
 
-def _ingest_locked(spark: SparkSession, files: list[Path], output: Path) -> IngestSummary:
+def report_records(spark: SparkSession, fs: TableFS) -> dict[str, list[dict[str, str]]]:
+    """The three reports as the CSV files hold them (text cells by column), read through
+    Spark from wherever the table is."""
+    out: dict[str, list[dict[str, str]]] = {}
+    for name in ("per_minute", "sizes", "outcomes"):
+        frame = spark.read.option("header", True).csv(fs.child(f"{REPORTS_DIR}/{name}"))
+        out[name] = [
+            {k: "" if v is None else str(v) for k, v in row.asDict().items()}
+            for row in frame.collect()
+        ]
+    return out
+
+
+# --- the catalog ---------------------------------------------------------------------------
+
+
+def check_catalog(spark: SparkSession, name: str, fs: TableFS) -> None:
+    """IngestError unless the catalog has no table `name` or has it over this table."""
+    if not spark.catalog.tableExists(name):
+        return
+    described = spark.sql(f"DESCRIBE TABLE EXTENDED {name}").collect()
+    location = next((str(r["data_type"]) for r in described if r["col_name"] == "Location"), "")
+    if location.rstrip("/") != fs.uri.rstrip("/"):
+        raise IngestError(
+            name, f"a table of that name exists over {location or 'another place'}, not {fs.uri}"
+        )
+
+
+def register(spark: SparkSession, name: str, fs: TableFS, version: int) -> None:
+    """Create (or check) the catalog table `name` over the table's location, recover its
+    partitions and refresh it, so a later session with the same catalog sees every row."""
+    check_catalog(spark, name, fs)
+    if not spark.catalog.tableExists(name):
+        columns = ", ".join(
+            f"`{c.name}` {c.type} COMMENT '{c.doc.replace(chr(39), '')}'" for c in TABLE_COLUMNS
+        )
+        spark.sql(
+            f"CREATE TABLE {name} ({columns}) USING parquet PARTITIONED BY (destination, day)"
+            f" LOCATION '{fs.uri}'"
+            f" TBLPROPERTIES ('mpbroker.table.schema_version' = '{TABLE_SCHEMA_VERSION}')"
+        )
+    spark.sql(f"ALTER TABLE {name} RECOVER PARTITIONS")
+    spark.sql(f"ALTER TABLE {name} SET TBLPROPERTIES ('mpbroker.table.version' = '{version}')")
+    spark.sql(f"REFRESH TABLE {name}")
+
+
+# --- the run -------------------------------------------------------------------------------
+
+
+def ingest(
+    spark: SparkSession,
+    input_dir: Path | str,
+    output: Path | str,
+    *,
+    table: str | None = None,
+    reread: bool = False,
+) -> IngestSummary:
+    """Ingest `input_dir` into the table at `output` (see the module docstring); IngestError
+    before any write for refused input or output. `reread`: every export file, not only
+    those not ingested before (nothing is added or changed twice)."""
+    # A URI's scheme is judged before its filesystem is looked for (an s3a:// output is
+    # refused for what S3 is, connectors or not); a bare path is on the default filesystem.
+    _check_table_scheme(urlparse(str(output)).scheme, str(output))
+    try:
+        source = TableFS(spark, str(input_dir))
+        target = TableFS(spark, str(output))
+    except TableFSError as exc:
+        raise IngestError(exc.location, exc.detail) from None
+    _check_table_scheme(target.scheme, target.uri)
+    if table is not None:
+        check_catalog(spark, table, target)
+    inputs = list_inputs(source)
+    try:
+        target.mkdirs()
+        with target.lock(LOCK_FILE):
+            return _ingest_locked(spark, source, target, inputs, table, reread)
+    except TableFSError as exc:
+        raise IngestError(exc.location, exc.detail) from None
+
+
+def _check_table_scheme(scheme: str, location: str) -> None:
+    """IngestError naming `scheme` when it cannot hold the table (see `tablefs.support`)."""
+    if not scheme:
+        return
+    can = support(scheme)
+    if not can.atomic_rename or can.lock is None:
+        raise IngestError(
+            location,
+            f"{scheme}:// cannot hold the table: {can.why_not}. Keep the table on a"
+            " filesystem that renames atomically (HDFS, ADLS Gen2, a local or shared POSIX"
+            f" directory); {scheme}:// works as --input",
+        )
+
+
+def _ingest_locked(
+    spark: SparkSession,
+    source: TableFS,
+    target: TableFS,
+    inputs: Inputs,
+    table: str | None,
+    reread: bool,
+) -> IngestSummary:
     from pyspark.sql import functions as F
 
-    summary = IngestSummary(files=len(files))
-    summary.leftovers_removed = _remove_unfinished(output)
-    updates = {u for f in files for u in f.parents[1].glob("_updates/**/*.parquet")}
-    if updates:
+    summary = IngestSummary(files=len(inputs.rows))
+    summary.leftovers_removed = _finish_unfinished(target)
+    state = read_state(target)
+    if reread:
+        state = TableState(state.version, {})
+    new_rows = [(u, s) for u, s in inputs.rows if state.ingested.get(u) != s]
+    new_updates = [(u, s) for u, s in inputs.updates if state.ingested.get(u) != s]
+    for uri, _ in new_rows:
+        check_file(source, uri, "rows")
+    for uri, _ in new_updates:
+        check_file(source, uri, "updates")
+    summary.files_read = len(new_rows)
+    summary.update_files_read = len(new_updates)
+    for key, value in (
+        ("spark.sql.session.timeZone", "UTC"),  # days and minutes are UTC
+        ("spark.sql.parquet.outputTimestampType", "TIMESTAMP_MICROS"),  # not INT96
+        ("spark.sql.sources.partitionOverwriteMode", "static"),
+    ):
+        spark.conf.set(key, value)
+    before = spark.read.parquet(target.uri).count() if _has_data(target) else 0
+    with spark_errors():
+        if new_rows:
+            _append_rows(spark, target, [u for u, _ in new_rows], summary)
+        if new_updates:
+            _apply_updates(spark, target, [u for u, _ in new_updates], summary)
+    if summary.updates_without_row:
         summary.warnings.append(
-            f"{len(updates)} update files (outcomes the export found later) are not applied"
-            " by this version of the job: the table keeps the outcomes of the row files"
+            f"{summary.updates_without_row} outcomes in update files name rows that are not in"
+            " the table (their row files were not ingested into it): not applied"
         )
-    spark.conf.set("spark.sql.session.timeZone", "UTC")  # days and minutes are UTC
-    log, warning = _read_log(output)
-    if warning is not None:
-        summary.warnings.append(warning)
-    seen = {f: (str(f.resolve()), f.stat().st_size) for f in files}
-    todo = [f for f, (name, size) in seen.items() if log.get(name) != size]
-    summary.files_read = len(todo)
-    if todo:
-        rows = (
-            spark.read.parquet(*(str(f) for f in todo))
-            .drop("body")
-            .withColumn("day", F.to_date("timestamp"))
-        )
-        # An export holds each row once, so de-duplicating whole rows (a shuffle of every
-        # column) is only needed when the input overlaps itself (say, two exports of one data
-        # directory under --input); counting distinct keys finds out for a shuffle of keys.
-        summary.rows_read = rows.select(*KEY).distinct().count()
-        if summary.rows_read != rows.count():
-            rows = rows.dropDuplicates(list(KEY))
-        before = spark.read.parquet(str(output)).count() if _table_files(output) else 0
-        if before:
-            existing = spark.read.parquet(str(output)).select(*KEY)
-            rows = rows.join(existing, on=list(KEY), how="left_anti")
-        rows.write.mode("append").partitionBy(*PARTITIONS).parquet(str(output))
-        # Only after the append committed: a run killed before this reads them again.
-        _write_log(output, log | dict(seen.values()))
-    if not _table_files(output):  # nothing appended to a table that did not exist yet
+    changed = bool(new_rows or new_updates)
+    state = TableState(
+        state.version + (1 if changed else 0),
+        state.ingested | dict(new_rows) | dict(new_updates),
+    )
+    if changed or not target.exists(_state_name(state.version)):
+        # Only after the table's writes: a run killed before this reads those files again.
+        write_state(target, state)
+    summary.table_version = state.version
+    if not _has_data(target):  # nothing appended to a table that did not exist yet
         return summary
-
-    table = spark.read.parquet(str(output))
-    for row in (
-        table.groupBy("destination").agg(F.count("*").alias("n"), F.sum("size_bytes").alias("b"))
-    ).collect():
-        summary.destinations[row["destination"]] = (int(row["n"]), int(row["b"]))
-    summary.rows_in_table = sum(n for n, _ in summary.destinations.values())
-    if todo:
+    with spark_errors():
+        frame = spark.read.parquet(target.uri)
+        for row in (
+            frame.groupBy("destination").agg(
+                F.count("*").alias("n"), F.sum("size_bytes").alias("b")
+            )
+        ).collect():
+            summary.destinations[row["destination"]] = (int(row["n"]), int(row["b"]))
+        summary.rows_in_table = sum(n for n, _ in summary.destinations.values())
         # The lock keeps other writers out: what the table gained is what this run appended.
         summary.rows_appended = summary.rows_in_table - before
-    _write_reports(table, output, summary.rows_in_table)
+        _write_reports(frame, target, state.version)
+        if table is not None:
+            register(spark, table, target, state.version)
     return summary
-
-
-def _write_reports(table: DataFrame, output: Path, rows_in_table: int) -> None:
-    """Recompute the reports over the whole table and swap them in whole, unless the ones
-    there were computed over this very table: it only ever grows, so the same row count is
-    the same table (a re-run that appended nothing rewrites nothing)."""
-    final = output / REPORTS_DIR
-    marker = final / REPORTS_MARKER
-    if marker.is_file() and marker.read_text().strip() == str(rows_in_table):
-        return
-    tmp = output / (REPORTS_DIR + ".tmp")  # a killed run's is gone (_remove_unfinished)
-    for name, report in _reports(table).items():
-        report.coalesce(1).write.option("header", True).csv(str(tmp / name))
-    (tmp / REPORTS_MARKER).write_text(f"{rows_in_table}\n")
-    shutil.rmtree(final, ignore_errors=True)
-    tmp.rename(final)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m spark.ingest",
         description="Append an mpbroker export to a Parquet table partitioned by destination"
-        " and day, and write reports under OUTPUT/_reports/.",
+        " and day, apply the outcomes found later, and write reports under OUTPUT/_reports/.",
     )
-    parser.add_argument("--input", required=True, type=Path, help="an `mpbroker export` --out")
-    parser.add_argument("--output", required=True, type=Path, help="the table directory")
+    parser.add_argument(
+        "--input", required=True, help="an `mpbroker export` --out (a path or a URI)"
+    )
+    parser.add_argument("--output", required=True, help="the table directory (a path or a URI)")
     parser.add_argument(
         "--master", default=None, help="Spark master (default: spark-submit's, else local[*])"
+    )
+    parser.add_argument(
+        "--table",
+        metavar="NAME",
+        default=None,
+        help="also create or refresh a table NAME over the output in Spark's catalog",
+    )
+    parser.add_argument(
+        "--reread",
+        action="store_true",
+        help="read every export file again, not only the new ones (nothing is added twice)",
     )
     parser.add_argument(
         "--chart",
         metavar="PNG",
         type=Path,
         default=None,
-        help="also draw the reports as a chart image (as python -m spark.chart does)",
+        help="also draw the reports as a chart image (a local file)",
     )
     args = parser.parse_args(argv)
+    if args.table is not None and not _TABLE_NAME.match(args.table):
+        print(
+            f"ingest: --table {args.table!r}: give a table name (letters, digits, _; optionally"
+            " database.table)",
+            file=sys.stderr,
+        )
+        return 2
+    from pyspark.sql import SparkSession
+
+    # A session already running in this process (pyspark's shell, a caller's) is used and
+    # left running; one made here is stopped at the end.
+    ours = SparkSession.getActiveSession() is None
     try:
-        files = check_inputs(args.input)  # before Spark starts: a bad file costs no JVM
-        with table_lock(args.output):
-            summary = _run_spark(args.master, files, args.output)
+        spark = _session(args.master, hive=args.table is not None)
     except IngestError as exc:
         print(exc, file=sys.stderr)
-        return 2
-    print("\n".join(summary.lines()))
-    if args.chart is not None and summary.rows_in_table:
-        try:
-            from spark.chart import ChartError, write_chart
-        except ImportError:  # spark-submit spark/ingest.py: the script's directory is on the path
-            from chart import ChartError, write_chart  # type: ignore[import-not-found,no-redef]
+        return exc.exit_code
+    try:
+        summary = ingest(spark, args.input, args.output, table=args.table, reread=args.reread)
+        print("\n".join(summary.lines()))
+        if args.chart is not None and summary.rows_in_table:
+            return _chart(spark, args.output, args.chart)
+        return 0
+    except IngestError as exc:
+        print(exc, file=sys.stderr)
+        return exc.exit_code
+    finally:
+        if ours:
+            spark.stop()
 
-        try:
-            print(f"chart: {write_chart(args.output, args.chart)}")
-        except ChartError as exc:
-            print(f"{exc} (the table and its reports are written)", file=sys.stderr)
-            return 2
+
+def _chart(spark: SparkSession, output: str, png: Path) -> int:
+    try:
+        from spark.chart import ChartError, reports_from_records, write_reports_chart
+    except ImportError:  # spark-submit spark/ingest.py: the script's directory is on the path
+        from chart import (  # type: ignore[import-not-found,no-redef]
+            ChartError,
+            reports_from_records,
+            write_reports_chart,
+        )
+    fs = TableFS(spark, output)
+    try:
+        reports = reports_from_records(report_records(spark, fs), fs.child(REPORTS_DIR))
+        print(f"chart: {write_reports_chart(reports, png, f'mpbroker reports: {fs.uri}')}")
+    except ChartError as exc:
+        print(f"{exc} (the table and its reports are written)", file=sys.stderr)
+        return 2
     return 0
 
 
-def _run_spark(master: str | None, files: list[Path], output: Path) -> IngestSummary:
+def _session(master: str | None, *, hive: bool) -> SparkSession:
     from pyspark.sql import SparkSession
 
     builder = (
@@ -401,11 +831,16 @@ def _run_spark(master: str | None, files: list[Path], output: Path) -> IngestSum
         builder = builder.master(master)
     elif "pyspark.shell" not in sys.modules and not _under_spark_submit():
         builder = builder.master("local[*]")
-    spark = builder.getOrCreate()
+    if hive:
+        # The catalog a later session finds the table in: Spark's Hive-compatible one (its
+        # defaults: metastore_db and spark-warehouse in the working directory; on a cluster,
+        # the metastore its configuration names).
+        builder = builder.enableHiveSupport()
     try:
-        return _ingest_locked(spark, files, output)
-    finally:
-        spark.stop()
+        return builder.getOrCreate()
+    except Exception as exc:
+        detail = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise SparkFailed("spark", f"Spark did not start: {detail[:300]}") from None
 
 
 def _under_spark_submit() -> bool:

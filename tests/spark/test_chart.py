@@ -178,6 +178,54 @@ def test_quiet_destinations_fold_into_other(tmp_path: Path) -> None:
     assert top_destinations(reports, limit=20).others == frozenset()
 
 
+def test_a_quiet_destination_with_dead_letters_or_expiry_is_never_folded(tmp_path: Path) -> None:
+    """The quietest of nine destinations is the only one whose messages were dead-lettered
+    (another one's expired): both are drawn on their own, however quiet."""
+    many_destinations(tmp_path, 12)
+    outcomes = tmp_path / "_reports" / "outcomes"
+    (part,) = outcomes.glob("part-*.csv")
+    # destination,messages,bytes,acked,expired,dead_lettered,unsubscribed,pending,...
+    changed = {
+        "/queue/q09": "/queue/q09,12,1200,0,1,0,0,11,0,0",
+        "/queue/q11": "/queue/q11,6,600,0,0,1,0,5,2,2",
+    }
+    lines = [changed.get(line.split(",")[0], line) for line in part.read_text().splitlines()]
+    part.write_text("\n".join(lines) + "\n")
+    grouping = top_destinations(load_reports(tmp_path / "_reports"))
+    assert grouping.top == (*(f"/queue/q{i:02}" for i in range(8)), "/queue/q09", "/queue/q11")
+    assert grouping.others == {"/queue/q08", "/queue/q10"}
+
+
+def test_reports_read_back_through_spark_records_chart_the_same(tmp_path: Path) -> None:
+    """The ingest's --chart reads its reports through Spark (any filesystem), as text cells
+    by column; a newer column (settled) is read, and its absence in older reports is 0."""
+    from spark.chart import reports_from_records
+
+    def records(header: str, lines: Sequence[str]) -> list[dict[str, str]]:
+        names = header.split(",")
+        return [dict(zip(names, line.split(","), strict=True)) for line in lines]
+
+    with_settled = [line + ",2" for line in REAL_OUTCOMES]
+    reports = reports_from_records(
+        {
+            "per_minute": records(PER_MINUTE_HEADER, REAL_PER_MINUTE),
+            "sizes": records(SIZES_HEADER, REAL_SIZES),
+            "outcomes": records(OUTCOMES_HEADER + ",settled", with_settled),
+        },
+        "hdfs://nn/table/_reports",
+    )
+    assert [r.settled for r in reports.outcomes] == [2, 2, 2]
+    write_reports(tmp_path)
+    assert load_reports(tmp_path / "_reports").outcomes[0].settled == 0
+    bad = records(PER_MINUTE_HEADER, REAL_PER_MINUTE)
+    bad[0]["messages"] = "many"
+    with pytest.raises(ChartError, match="messages 'many' is not valid") as info:
+        reports_from_records(
+            {"per_minute": bad, "sizes": [], "outcomes": []}, "hdfs://nn/table/_reports"
+        )
+    assert "hdfs://nn/table/_reports/per_minute" in str(info.value)
+
+
 def test_main_writes_a_png_and_nothing_else(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -72,6 +72,19 @@ def nack(client: RawClient, destination: str, count: int) -> None:
     assert client.recv(timeout=15).command == "RECEIPT"
 
 
+def independent_counts(table: Path) -> Counter[tuple[str, str]]:
+    """The table read by pyarrow, not Spark: each (store, seq) once."""
+    import pyarrow.dataset as ds
+
+    d = (
+        ds.dataset(table, format="parquet", partitioning="hive")
+        .to_table(columns=["destination", "outcome", "store", "seq"])
+        .to_pydict()
+    )
+    assert len(set(zip(d["store"], d["seq"], strict=True))) == len(d["seq"])
+    return Counter(zip(d["destination"], d["outcome"], strict=True))
+
+
 def table_counts(spark: SparkSession, table: Path) -> Counter[tuple[str, str]]:
     rows = spark.read.parquet(str(table)).groupBy("destination", "outcome").count().collect()
     return Counter({(r["destination"], r["outcome"]): int(r["count"]) for r in rows})
@@ -94,6 +107,14 @@ def test_broker_to_spark_table(
 
     send_all(producer, "/queue/e2e-a", [{}] * 400)
     send_all(producer, "/topic/e2e", [{}] * 300)
+    # While the broker runs, these 700 wait: exported and ingested as pending, their
+    # outcomes come with the next export, as update files, and the next ingest applies them.
+    out = tmp_path / "export"
+    table = tmp_path / "table"
+    export(broker.data_dir, out, Options())
+    early = ingest(spark, out, table)
+    assert table_counts(spark, table)[("/queue/e2e-a", "pending")] == 400
+    assert early.rows_in_table == 1000
     consumer = raw(broker)
     consumer.connect()
     consume_and_ack(consumer, "/queue/e2e-a", 400)
@@ -112,14 +133,12 @@ def test_broker_to_spark_table(
     send_all(producer, "/topic/e2e", [{}] * 600)
     assert broker.stop() == 0
 
-    out = tmp_path / "export"
     assert (
         mpbroker_main(
             ["export", "--data-dir", str(broker.data_dir), "--out", str(out), *EXPORT_IN_PROCESS]
         )
         == 0
     )
-    table = tmp_path / "table"
     chart = tmp_path / "report.png"
     command = [sys.executable, "-m", "spark.ingest", "--input", str(out), "--output", str(table)]
     job = subprocess.run(
@@ -130,10 +149,13 @@ def test_broker_to_spark_table(
     )
     assert job.returncode == 0, job.stderr
     total = sum(EXPECTED.values())
-    assert f"{total} rows read, {total} appended" in job.stdout
+    later = total - 1000
+    assert f"{later} rows read, {later} appended" in job.stdout
+    assert "700 outcomes updated" in job.stdout
     assert f"chart: {chart}" in job.stdout
 
     assert table_counts(spark, table) == EXPECTED
+    assert independent_counts(table) == EXPECTED
     (part,) = (table / "_reports" / "outcomes").glob("part-*.csv")
     with open(part, newline="") as fh:
         outcomes = {row["destination"]: row for row in csv.DictReader(fh)}
@@ -142,7 +164,8 @@ def test_broker_to_spark_table(
     assert chart.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
     # Again: the export finds nothing new, the ingest appends nothing.
-    assert export(broker.data_dir, out, Options()).rows == 0
+    again_export = export(broker.data_dir, out, Options())
+    assert (again_export.rows, again_export.update_files) == (0, 0)
     again = ingest(spark, out, table)
     assert (again.files_read, again.rows_appended, again.rows_in_table) == (0, 0, total)
     assert table_counts(spark, table) == EXPECTED

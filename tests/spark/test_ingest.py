@@ -4,7 +4,9 @@ finished by the next, refusals."""
 
 from __future__ import annotations
 
+import contextlib
 import csv
+import json
 import os
 import shutil
 import signal
@@ -12,6 +14,7 @@ import subprocess
 import sys
 import time
 from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
 
 import pyarrow as pa
@@ -21,27 +24,36 @@ from pyspark.sql import SparkSession
 
 from mpbroker.export import Options, export
 from mpbroker.stores import MessageStore, TopicStore
-from spark.ingest import ingest, main, table_lock
+from spark.ingest import IngestError, ingest, main
+from spark.tablefs import TableFS
 from tests.export.test_export_stores import SETTINGS, fill
 from tests.spark.conftest import PY4J_SOCKETS
 
 pytestmark = [pytest.mark.slow, PY4J_SOCKETS]
 
 
-def make_export(tmp_path: Path) -> Path:
+@contextlib.contextmanager
+def stores(tmp_path: Path) -> Iterator[tuple[MessageStore, TopicStore]]:
+    """The data directory's queue and topic stores, open (made the first time)."""
     data = tmp_path / "data"
     queues = MessageStore.open(data / "p2p-0", SETTINGS)
     topics = TopicStore(data / "pubsub-0", data / "pubsub-0-durable.db", SETTINGS)
     try:
         topics.recover(0)
+        yield queues, topics
+    finally:
+        queues.close()
+        topics.close()
+
+
+def make_export(tmp_path: Path) -> Path:
+    data = tmp_path / "data"
+    with stores(tmp_path) as (queues, topics):
         topics.subscribe("s1", "/topic/t")
         for start in range(0, 40, 10):
             fill(queues, topics, start, 10)
         queues.settle(queues.expired(10, 1000), "expired", 3_000_000)
         queues.record_delivery(queues.live_seqs()[:3])
-    finally:
-        queues.close()
-        topics.close()
     out = tmp_path / "export"
     export(data, out, Options())
     return out
@@ -71,17 +83,44 @@ def report_parts(table: Path) -> set[str]:
     return {p.name for p in (table / "_reports").rglob("part-*.csv")}
 
 
-def test_ingest_counts_reports_and_rerun(spark: SparkSession, tmp_path: Path) -> None:
+def table_files(table: Path) -> list[Path]:
+    return [
+        p
+        for p in table.rglob("*.parquet")
+        if not any(part.startswith(("_", ".")) for part in p.relative_to(table).parts)
+    ]
+
+
+def test_ingest_counts_types_reports_and_rerun(spark: SparkSession, tmp_path: Path) -> None:
     out = make_export(tmp_path)
     table = tmp_path / "table"
 
     first = ingest(spark, out, table)
     assert (first.rows_read, first.rows_appended, first.rows_in_table) == (120, 120, 120)
+    assert first.table_version == 1
     assert table_counts(spark, table) == EXPECTED
     # Partitioned by destination and (UTC) day.
-    parts = {p.relative_to(table).parts[:2] for p in table.rglob("*.parquet")}
+    parts = {p.relative_to(table).parts[:2] for p in table_files(table)}
     assert ("destination=%2Fqueue%2Fa", "day=1970-01-01") in parts
     assert "body" not in spark.read.parquet(str(table)).columns
+
+    # Typed: timestamps in microseconds, UTC (not INT96); required columns not null; the
+    # schema version in the table's metadata and in every column's.
+    schema = pq.read_schema(table_files(table)[0])
+    assert schema.field("timestamp").type == pa.timestamp("us", tz="UTC")
+    assert schema.field("settled_at").type == pa.timestamp("us", tz="UTC")
+    required = {f.name for f in schema if not f.nullable}
+    assert required >= {"message_id", "timestamp", "outcome", "seq", "store", "headers"}
+    assert {f.name for f in schema if f.nullable} == {
+        "expires",
+        "settled_at",
+        "pending_subscriptions",
+    }
+    assert b'"mpbroker.table.schema_version":2' in schema.metadata[
+        b"org.apache.spark.sql.parquet.row.metadata"
+    ].replace(b" ", b"")
+    (state,) = (table / "_mpbroker_table").glob("state-*.json")
+    assert json.loads(state.read_text())["schema_version"] == 2
 
     outcomes = {r["destination"]: r for r in read_report(table, "outcomes")}
     assert outcomes["/queue/b"]["expired"] == "40"
@@ -101,24 +140,143 @@ def test_ingest_counts_reports_and_rerun(spark: SparkSession, tmp_path: Path) ->
 
     again = ingest(spark, out, table)  # every file ingested before: none is read
     assert (again.files, again.files_read, again.rows_read) == (first.files, 0, 0)
-    assert (again.rows_appended, again.rows_in_table) == (0, 120)
+    assert (again.rows_appended, again.rows_in_table, again.table_version) == (0, 120, 1)
     assert table_counts(spark, table) == EXPECTED
     # The same table: its reports are not written again (Spark names each part file anew).
     assert report_parts(table) == report_parts_before
 
-    # Without the ingest log every file is read again, and the anti-join adds nothing.
-    (table / "_ingested.json").write_text("{damaged")
-    again = ingest(spark, out, table)
+    # Told to read every file again, it does, and the anti-join adds nothing.
+    again = ingest(spark, out, table, reread=True)
     assert (again.files_read, again.rows_read, again.rows_appended) == (first.files, 120, 0)
-    assert "every input file is read again" in "\n".join(again.lines())
     assert table_counts(spark, table) == EXPECTED
 
-    # Reports computed over fewer rows (a run killed after appending, before swapping in
-    # its reports) are recomputed, though nothing new is appended.
-    (table / "_reports" / "_table_rows").write_text("100\n")
+    # Reports of another version of the table (a run killed before it swapped in its new
+    # reports) are recomputed, though nothing new is appended.
+    (table / "_reports" / "_table_version").write_text("0\n")
     ingest(spark, out, table)
     assert report_parts(table).isdisjoint(report_parts_before)
-    assert (table / "_reports" / "_table_rows").read_text() == "120\n"
+    assert (table / "_reports" / "_table_version").read_text().strip() == str(again.table_version)
+
+
+def settle_some(tmp_path: Path) -> None:
+    """Since the export: seven waiting /queue/a messages acked, five of the topic's too."""
+    with stores(tmp_path) as (queues, topics):
+        queues.settle(queues.live_seqs()[:7], "acked", 9_000_000)  # all /queue/a's
+        topics.ack([("s1", s) for s in topics.messages.live_seqs()[:5]], "acked", 9_000_001)
+
+
+UPDATED = {
+    ("/queue/a", "acked"): 20 + 7,
+    ("/queue/a", "pending"): 20 - 7,
+    ("/queue/b", "expired"): 40,
+    ("/topic/t", "acked"): 4 * (10 // 4) + 5,
+    ("/topic/t", "pending"): 40 - 4 * (10 // 4) - 5,
+}
+
+
+def test_outcomes_found_later_are_applied_to_the_table(spark: SparkSession, tmp_path: Path) -> None:
+    out = make_export(tmp_path)
+    table = tmp_path / "table"
+    ingest(spark, out, table)
+    untouched = {p.name for p in (table / "destination=%2Fqueue%2Fb").rglob("*.parquet")}
+    settle_some(tmp_path)
+    assert export(tmp_path / "data", out, Options()).outcomes_found == {"acked": 12}
+
+    summary = ingest(spark, out, table)
+    assert (summary.update_files_read, summary.outcomes_updated) == (3, 12)  # 2 + 1 row files
+    assert summary.rows_appended == 0 and summary.table_version == 2
+    assert summary.updates_without_row == 0
+    assert table_counts(spark, table) == UPDATED
+    # Only the partitions holding settled rows were rewritten.
+    assert {p.name for p in (table / "destination=%2Fqueue%2Fb").rglob("*.parquet")} == untouched
+    assert not (table / "_staging").exists() and not (table / "_mpbroker_table/swap.json").exists()
+    acked = spark.read.parquet(str(table)).where("outcome = 'acked' AND kind = 'topic'")
+    assert acked.where("pending_subscriptions != 0 OR settled_at IS NULL").count() == 0
+    outcomes = {r["destination"]: r for r in read_report(table, "outcomes")}
+    assert outcomes["/queue/a"]["acked"] == "27" and outcomes["/topic/t"]["pending"] == "27"
+
+    # Again, and with every file read again: nothing changes.
+    for reread in (False, True):
+        again = ingest(spark, out, table, reread=reread)
+        assert again.rows_appended == 0
+        assert again.partitions_rewritten == 0
+        assert table_counts(spark, table) == UPDATED
+
+
+def test_a_swap_cut_short_is_finished_by_the_next_run(
+    spark: SparkSession, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Killed between moving one partition out of the table and the staged one in: the
+    journal has the next run finish the swap before it does anything else."""
+    out = make_export(tmp_path)
+    table = tmp_path / "table"
+    ingest(spark, out, table)
+    settle_some(tmp_path)
+    export(tmp_path / "data", out, Options())
+
+    real_rename = TableFS.rename
+    moves: list[str] = []
+
+    def rename_then_die(self: TableFS, source: str, target: str) -> None:
+        real_rename(self, source, target)
+        moves.append(source)
+        if len(moves) == 3:  # partition 1 out and in, partition 2 out
+            raise KeyboardInterrupt("killed")
+
+    monkeypatch.setattr(TableFS, "rename", rename_then_die)
+    with pytest.raises(KeyboardInterrupt):
+        ingest(spark, out, table)
+    monkeypatch.undo()
+    assert (table / "_mpbroker_table" / "swap.json").exists()
+
+    summary = ingest(spark, out, table)
+    assert str(table / "_mpbroker_table" / "swap.json") in " ".join(summary.leftovers_removed)
+    assert table_counts(spark, table) == UPDATED
+    assert not (table / "_staging").exists()
+
+
+def test_uris_and_relative_paths_reach_the_same_table(
+    spark: SparkSession, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """file:// URIs, then relative paths from another working directory: every table file
+    (lock, state, reports) is where the table is, and the second run adds nothing."""
+    out = make_export(tmp_path)
+    table = tmp_path / "tables" / "t"
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    first = ingest(spark, out.as_uri(), table.as_uri())
+    assert first.rows_appended == 120
+    assert (table / "_ingest.lock").exists() and (table / "_mpbroker_table").is_dir()
+    assert list(elsewhere.iterdir()) == []  # no ./file:/... left in the working directory
+
+    monkeypatch.chdir(tmp_path / "tables")
+    again = ingest(spark, os.path.relpath(out), "t")
+    assert (again.files_read, again.rows_appended, again.rows_in_table) == (0, 0, 120)
+    assert table_counts(spark, table) == EXPECTED
+
+
+@pytest.mark.parametrize(
+    ("output", "named"),
+    [("s3a://bucket/table", "s3a://"), ("gs://bucket/table", "gs://"), ("foo://x/t", "foo://")],
+)
+def test_an_output_that_cannot_hold_the_table_is_refused_naming_its_scheme(
+    spark: SparkSession, tmp_path: Path, output: str, named: str
+) -> None:
+    out = make_export(tmp_path)
+    with pytest.raises(IngestError, match="cannot hold the table") as info:
+        ingest(spark, out, output)
+    assert named in str(info.value)
+
+
+def test_a_table_of_the_earlier_version_is_refused(spark: SparkSession, tmp_path: Path) -> None:
+    out = make_export(tmp_path)
+    table = tmp_path / "table"
+    old = table / "destination=%2Fqueue%2Fa" / "day=1970-01-01"
+    old.mkdir(parents=True)
+    pq.write_table(pa.table({"seq": [1]}), old / "part-0.parquet")
+    with pytest.raises(IngestError, match="earlier version of this job"):
+        ingest(spark, out, table)
 
 
 def test_an_incremental_export_is_ingested_incrementally(
@@ -127,16 +285,9 @@ def test_an_incremental_export_is_ingested_incrementally(
     out = make_export(tmp_path)
     table = tmp_path / "table"
     first = ingest(spark, out, table)
-    data = tmp_path / "data"
-    queues = MessageStore.open(data / "p2p-0", SETTINGS)
-    topics = TopicStore(data / "pubsub-0", data / "pubsub-0-durable.db", SETTINGS)
-    try:
-        topics.recover(0)
+    with stores(tmp_path) as (queues, topics):
         fill(queues, topics, 100, 4)  # 12 more rows, in the active segments
-    finally:
-        queues.close()
-        topics.close()
-    added = export(data, out, Options())
+    added = export(tmp_path / "data", out, Options())
     assert added.rows == 12
 
     second = ingest(spark, out, table)
@@ -184,7 +335,7 @@ def test_spark_submit_runs_the_job_as_a_script(spark: SparkSession, tmp_path: Pa
 
 
 def test_foreign_file_is_refused_naming_it(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    spark: SparkSession, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     out = tmp_path / "export"
     out.mkdir()
@@ -195,11 +346,11 @@ def test_foreign_file_is_refused_naming_it(
     err = capsys.readouterr().err
     assert str(foreign) in err
     assert "foreign" in err
-    assert not table.exists()
+    assert not any(table.rglob("*.parquet"))
 
 
-def test_damaged_file_and_unknown_version_are_refused(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+def test_damaged_footer_and_unknown_version_are_refused(
+    spark: SparkSession, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     out = make_export(tmp_path)
     table = tmp_path / "table"
@@ -209,13 +360,42 @@ def test_damaged_file_and_unknown_version_are_refused(
     pq.write_table(t.replace_schema_metadata({b"mpbroker.export.schema_version": b"99"}), newer)
     assert main(["--input", str(out), "--output", str(table)]) == 2
     err = capsys.readouterr().err
-    assert str(newer) in err and "'99'" in err
+    assert "newer.parquet" in err and "'99'" in err
     newer.unlink()
     damaged = good.with_name("damaged.parquet")
     damaged.write_bytes(good.read_bytes()[:-100])
     assert main(["--input", str(out), "--output", str(table)]) == 2
-    assert str(damaged) in capsys.readouterr().err
-    assert not table.exists()
+    err = capsys.readouterr().err
+    assert "damaged.parquet" in err and "damaged or not a Parquet file" in err
+    assert len(err.strip().splitlines()) == 1
+    assert not table_files(table)
+
+
+def test_a_file_damaged_inside_a_data_page_is_named_and_nothing_is_written(
+    spark: SparkSession, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Its footer is intact, so only reading its pages finds the damage: the job's write is
+    aborted and the file named in one line, exit 2."""
+    out = make_export(tmp_path)
+    table = tmp_path / "table"
+    victim = max((p for p in out.rglob("*.parquet")), key=lambda p: p.stat().st_size)
+    column = (
+        pq.ParquetFile(victim)
+        .metadata.row_group(0)
+        .column(pq.read_schema(victim).get_field_index("message_id"))
+    )
+    data = bytearray(victim.read_bytes())
+    start = column.data_page_offset + 8
+    data[start : start + 64] = bytes(range(64))  # its compressed page, garbled
+    victim.write_bytes(bytes(data))
+    pq.read_schema(victim)  # the footer still reads
+
+    assert main(["--input", str(out), "--output", str(table)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1, err
+    assert victim.name in err and "damaged: Spark could not read it" in err
+    assert not table_files(table)
+    assert not (table / "_mpbroker_table").exists()
 
 
 def kill_during_write(export_dir: Path, table: Path) -> None:
@@ -254,18 +434,18 @@ def test_a_killed_run_is_finished_by_the_next(spark: SparkSession, tmp_path: Pat
     kill_during_write(out, table)
 
     summary = ingest(spark, out, table)
-    assert summary.leftovers_removed == [table / "_temporary"]
+    assert summary.leftovers_removed == [f"file:{table}/_temporary"]
     assert summary.rows_in_table == 120
     assert table_counts(spark, table) == EXPECTED  # no row twice, none missing
     assert not (table / "_temporary").exists()
 
 
 def test_a_second_run_into_the_same_table_is_refused(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    spark: SparkSession, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     out = make_export(tmp_path)
     table = tmp_path / "table"
-    with table_lock(table):  # as if another run were writing
+    with TableFS(spark, str(table)).lock("_ingest.lock"):  # as if another run were writing
         assert main(["--input", str(out), "--output", str(table)]) == 2
     err = capsys.readouterr().err
     assert f"pid {os.getpid()}" in err and str(table) in err
