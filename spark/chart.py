@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import importlib.util
 import os
 import secrets
 import sys
@@ -41,6 +42,7 @@ __all__ = [
     "main",
     "render",
     "reports_from_records",
+    "require_matplotlib",
     "top_destinations",
     "write_chart",
     "write_reports_chart",
@@ -668,6 +670,17 @@ def render(reports: Reports, out: Path, title: str) -> None:
         fig.clear()
 
 
+def require_matplotlib() -> None:
+    """ChartError saying how to install matplotlib when it is missing (checked before any
+    work, so a run that asked for a chart does not end in a traceback after it)."""
+    if importlib.util.find_spec("matplotlib") is None:
+        raise ChartError(
+            "matplotlib",
+            "the chart needs matplotlib: pip install -e '.[spark]' in the mpbroker checkout"
+            " (or pip install 'matplotlib>=3.8')",
+        )
+
+
 def write_reports_chart(reports: Reports, out: Path, title: str) -> Path:
     """Chart `reports` as a PNG at `out`; `out`. ChartError for an `out` that cannot be
     written (nothing is left half written)."""
@@ -697,6 +710,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--title", default="", help="default: names the table")
     args = parser.parse_args(argv)
     try:
+        require_matplotlib()
         path = write_chart(args.table, args.out, args.title)
     except ChartError as exc:
         print(exc, file=sys.stderr)

@@ -776,6 +776,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 2
+    if args.chart is not None:
+        chart = _chart_module()
+        try:
+            chart.require_matplotlib()
+        except chart.ChartError as exc:
+            print(exc, file=sys.stderr)
+            return 2
     from pyspark.sql import SparkSession
 
     # A session already running in this process (pyspark's shell, a caller's) is used and
@@ -800,20 +807,22 @@ def main(argv: Sequence[str] | None = None) -> int:
             spark.stop()
 
 
-def _chart(spark: SparkSession, output: str, png: Path) -> int:
+def _chart_module() -> Any:
     try:
-        from spark.chart import ChartError, reports_from_records, write_reports_chart
+        from spark import chart
     except ImportError:  # spark-submit spark/ingest.py: the script's directory is on the path
-        from chart import (  # type: ignore[import-not-found,no-redef]
-            ChartError,
-            reports_from_records,
-            write_reports_chart,
-        )
+        import chart  # type: ignore[import-not-found,no-redef]
+    return chart
+
+
+def _chart(spark: SparkSession, output: str, png: Path) -> int:
+    chart = _chart_module()
     fs = TableFS(spark, output)
     try:
-        reports = reports_from_records(report_records(spark, fs), fs.child(REPORTS_DIR))
-        print(f"chart: {write_reports_chart(reports, png, f'mpbroker reports: {fs.uri}')}")
-    except ChartError as exc:
+        reports = chart.reports_from_records(report_records(spark, fs), fs.child(REPORTS_DIR))
+        written = chart.write_reports_chart(reports, png, f"mpbroker reports: {fs.uri}")
+        print(f"chart: {written}")
+    except chart.ChartError as exc:
         print(f"{exc} (the table and its reports are written)", file=sys.stderr)
         return 2
     return 0

@@ -4,6 +4,7 @@ of quiet destinations into "other", a real PNG written whole, and refusals namin
 
 from __future__ import annotations
 
+import sys
 import uuid
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
@@ -324,3 +325,18 @@ def test_unwritable_out_is_refused(tmp_path: Path) -> None:
         write_chart(tmp_path / "table", blocker / "report.png")
     assert str(blocker) in str(info.value)
     assert only_file(tmp_path) == ["a-file", "table"]
+
+
+def test_without_matplotlib_a_chart_is_refused_in_one_line_before_any_work(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from spark.ingest import main as ingest_main
+
+    write_reports(tmp_path)
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # `import matplotlib` fails
+    assert main(["--table", str(tmp_path), "--out", str(tmp_path / "c.png")]) == 2
+    argv = ["--input", str(tmp_path), "--output", str(tmp_path / "t"), "--chart", "c.png"]
+    assert ingest_main(argv) == 2  # before Spark starts: nothing written
+    for line in capsys.readouterr().err.strip().splitlines():
+        assert "the chart needs matplotlib: pip install -e '.[spark]'" in line
+    assert not (tmp_path / "t").exists() and not (tmp_path / "c.png").exists()

@@ -1,7 +1,8 @@
 """The ingest on a real standalone Spark cluster: a master and a worker started here from the
 installed PySpark (loopback only), the job submitted to it with `spark-submit` as a user
-runs it, export and table as file:// URIs. It appends the rows, then applies the outcomes a
-later export found; the table is checked by an independent pyarrow read, exactly."""
+runs it, export and table as file:// URIs, the export a real broker's. It appends the rows,
+then applies the outcomes a later export found; the table is checked by an independent
+pyarrow read, exactly."""
 
 from __future__ import annotations
 
@@ -12,14 +13,17 @@ import subprocess
 import sys
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pyarrow.dataset as ds
 import pytest
 
 from mpbroker.export import Options, export
-from tests.spark.test_ingest import EXPECTED, UPDATED, make_export, settle_some
+from mpbroker.harness import BrokerProcess, RawClient
+from tests.e2e.test_export import consume_and_ack, send_all
+
+RawFactory = Callable[[BrokerProcess], RawClient]
 
 pytestmark = pytest.mark.slow
 
@@ -112,7 +116,12 @@ def cluster(tmp_path: Path) -> Iterator[str]:
         master.stop()
 
 
-def submit(master: str, export_uri: str, table_uri: str) -> subprocess.CompletedProcess[str]:
+def submit(
+    master: str, export_uri: str, table_uri: str, *extra: str
+) -> subprocess.CompletedProcess[str]:
+    """`spark-submit spark/ingest.py` from outside the checkout, as on a cluster's edge node:
+    the job and its helpers import as scripts beside it (the `spark` package is not
+    importable there)."""
     return subprocess.run(
         [
             str(BIN / "spark-submit"),
@@ -127,9 +136,10 @@ def submit(master: str, export_uri: str, table_uri: str) -> subprocess.Completed
             export_uri,
             "--output",
             table_uri,
+            *extra,
         ],
         cwd=ROOT.parent,
-        env=ENV,
+        env={k: v for k, v in ENV.items() if k != "PYTHONPATH"},
         capture_output=True,
         text=True,
         timeout=600,
@@ -145,18 +155,42 @@ def counts(table: Path) -> Counter[tuple[str, str]]:
     return Counter(zip(d["destination"], d["outcome"], strict=True))
 
 
-def test_the_job_runs_on_a_standalone_cluster(cluster: str, tmp_path: Path) -> None:
-    out = make_export(tmp_path)
+def test_the_job_runs_on_a_standalone_cluster(
+    cluster: str, start_broker: type[BrokerProcess], raw: RawFactory, tmp_path: Path
+) -> None:
+    """A real broker's export while 300 messages wait, then after they were consumed."""
+    broker = start_broker("--gateways", "1")
+    producer = raw(broker)
+    producer.connect()
+    send_all(producer, "/queue/cluster-a", [{}] * 400)
+    send_all(producer, "/queue/cluster-b", [{}] * 100)
+    consumer = raw(broker)
+    consumer.connect()
+    consume_and_ack(consumer, "/queue/cluster-a", 100)
+    out = tmp_path / "export"
     table = tmp_path / "table"
+    export(broker.data_dir, out, Options())  # live: 300 of cluster-a pending
 
     first = submit(cluster, out.as_uri(), table.as_uri())
     assert first.returncode == 0, first.stderr[-3000:]
-    assert "120 rows read, 120 appended" in first.stdout
-    assert counts(table) == EXPECTED
+    assert "500 rows read, 500 appended" in first.stdout
+    assert counts(table) == {
+        ("/queue/cluster-a", "acked"): 100,
+        ("/queue/cluster-a", "pending"): 300,
+        ("/queue/cluster-b", "pending"): 100,
+    }
 
-    settle_some(tmp_path)
-    export(tmp_path / "data", out, Options())
-    second = submit(cluster, out.as_uri(), table.as_uri())
+    later = raw(broker)
+    later.connect()
+    consume_and_ack(later, "/queue/cluster-a", 300)
+    assert broker.stop() == 0
+    assert export(broker.data_dir, out, Options()).outcomes_found == {"acked": 300}
+    chart = tmp_path / "report.png"
+    second = submit(cluster, out.as_uri(), table.as_uri(), "--chart", str(chart))
     assert second.returncode == 0, second.stderr[-3000:]
-    assert "12 outcomes updated" in second.stdout
-    assert counts(table) == UPDATED
+    assert "300 outcomes updated" in second.stdout
+    assert chart.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert counts(table) == {
+        ("/queue/cluster-a", "acked"): 400,
+        ("/queue/cluster-b", "pending"): 100,
+    }

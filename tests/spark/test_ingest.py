@@ -187,6 +187,8 @@ def test_outcomes_found_later_are_applied_to_the_table(spark: SparkSession, tmp_
     assert summary.rows_appended == 0 and summary.table_version == 2
     assert summary.updates_without_row == 0
     assert table_counts(spark, table) == UPDATED
+    # The export directory reads as a dataset: its row files, not _updates/ or the manifest.
+    assert spark.read.option("recursiveFileLookup", "true").parquet(str(out)).count() == 120
     # Only the partitions holding settled rows were rewritten.
     assert {p.name for p in (table / "destination=%2Fqueue%2Fb").rglob("*.parquet")} == untouched
     assert not (table / "_staging").exists() and not (table / "_mpbroker_table/swap.json").exists()
@@ -308,30 +310,6 @@ def test_an_input_that_overlaps_itself_is_ingested_once(
     summary = ingest(spark, both, tmp_path / "table")
     assert (summary.rows_read, summary.rows_appended, summary.rows_in_table) == (120, 120, 120)
     assert table_counts(spark, tmp_path / "table") == EXPECTED
-
-
-def test_spark_submit_runs_the_job_as_a_script(spark: SparkSession, tmp_path: Path) -> None:
-    """As on a cluster: `spark-submit spark/ingest.py`, from another directory (the `spark`
-    package is not importable there; the job and its chart import as plain scripts)."""
-    out = make_export(tmp_path)
-    table = tmp_path / "table"
-    chart = tmp_path / "report.png"
-    script = Path(__file__).resolve().parents[2] / "spark" / "ingest.py"
-    submit = Path(sys.executable).parent / "spark-submit"
-    spark_options = ["--master", "local[2]", "--conf", "spark.ui.enabled=false"]
-    job_options = ["--input", str(out), "--output", str(table), "--chart", str(chart)]
-    job = subprocess.run(
-        [str(submit), *spark_options, str(script), *job_options],
-        cwd=tmp_path,
-        env=dict(os.environ, PYSPARK_PYTHON=sys.executable),
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert job.returncode == 0, job.stderr[-3000:]
-    assert "120 rows read, 120 appended" in job.stdout
-    assert table_counts(spark, table) == EXPECTED
-    assert chart.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 def test_foreign_file_is_refused_naming_it(
