@@ -16,6 +16,7 @@ The PNG is written under a temporary name and renamed when complete.
 from __future__ import annotations
 
 import argparse
+import colorsys
 import csv
 import importlib.util
 import os
@@ -478,8 +479,17 @@ def _escape(text: str) -> str:
 # --- drawing ------------------------------------------------------------------------------
 
 
+def _color(i: int) -> str:
+    """The `i`th destination's colour: tab10's first, then hues spread by the golden ratio
+    (every destination shown, however many are troubled, gets one of its own)."""
+    if i < len(_PALETTE):
+        return _PALETTE[i]
+    red, green, blue = colorsys.hsv_to_rgb((i * 0.6180339887) % 1.0, 0.7, 0.8)
+    return f"#{round(red * 255):02x}{round(green * 255):02x}{round(blue * 255):02x}"
+
+
 def _colors(grouping: Grouping) -> dict[str, str]:
-    colors = {name: _PALETTE[i % len(_PALETTE)] for i, name in enumerate(grouping.top)}
+    colors = {name: _color(i) for i, name in enumerate(grouping.top)}
     colors[grouping.other_label] = _OTHER_COLOR
     return colors
 

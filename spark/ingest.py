@@ -42,9 +42,14 @@ from typing import TYPE_CHECKING, Any, Final
 from urllib.parse import urlparse
 
 try:
-    from spark.tablefs import TableFS, TableFSError, support
+    from spark.tablefs import TableFS, TableFSError, one_line, support
 except ImportError:  # spark-submit spark/ingest.py: the script's directory is on the path
-    from tablefs import TableFS, TableFSError, support  # type: ignore[import-not-found,no-redef]
+    from tablefs import (  # type: ignore[import-not-found,no-redef]
+        TableFS,
+        TableFSError,
+        one_line,
+        support,
+    )
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame, SparkSession
@@ -93,6 +98,9 @@ _READ_ERROR: Final = re.compile(r"Encountered error while reading file (\S+?)\. 
 
 @dataclass(frozen=True, slots=True)
 class TableColumn:
+    """A column of the table: its name, Spark SQL type, whether it may be null, and what it
+    holds (the comment in the table's schema and in the catalog)."""
+
     name: str
     type: str
     """Spark SQL type."""
@@ -145,6 +153,8 @@ class SparkFailed(IngestError):
 
 @dataclass
 class IngestSummary:
+    """What a run read, appended and updated, and the table it left (printed by `main`)."""
+
     files: int = 0
     files_read: int = 0
     """Row files not ingested before (the others are in the table's ingest log)."""
@@ -169,7 +179,7 @@ class IngestSummary:
             *self.warnings,
             f"{'destination':<40} {'messages':>10} {'bytes':>14}",
             *(
-                f"{name:<40} {n:>10} {size:>14}"
+                f"{name:<40} {n:>10,} {size:>14,}"
                 for name, (n, size) in sorted(self.destinations.items())
             ),
             f"{self.files} files ({self.files - self.files_read} ingested before),"
@@ -187,6 +197,9 @@ class IngestSummary:
 
 @dataclass(frozen=True, slots=True)
 class TableState:
+    """The table's own record (``_mpbroker_table/state-N.json``): its version and the export
+    files it holds."""
+
     version: int = 0
     """Bumped by every run that changed the table (reports follow it)."""
     ingested: dict[str, int] = field(default_factory=dict)
@@ -257,6 +270,8 @@ def _has_data(fs: TableFS) -> bool:
 
 @dataclass(frozen=True, slots=True)
 class Inputs:
+    """The export directory's files, by kind."""
+
     rows: list[tuple[str, int]]
     """Row files: (URI, size)."""
     updates: list[tuple[str, int]]
@@ -372,6 +387,17 @@ def _row_schema() -> str:
     return ", ".join(f"{c.name} {c.type}" for c in TABLE_COLUMNS if c.name != "day")
 
 
+def _read_table(spark: SparkSession, fs: TableFS) -> DataFrame:
+    """The table, its partition columns typed as the table says (not inferred from the
+    folder names, where a destination named like a number would come back a number)."""
+    schema = ", ".join(f"`{c.name}` {c.type}" for c in TABLE_COLUMNS)
+    return spark.read.schema(schema).parquet(fs.uri)
+
+
+def _read_updates(spark: SparkSession, uris: list[str]) -> DataFrame:
+    return spark.read.schema(_UPDATE_COLUMNS).parquet(*uris)
+
+
 def _read_rows(spark: SparkSession, uris: list[str]) -> DataFrame:
     from pyspark.sql import functions as F
 
@@ -389,7 +415,7 @@ def _append_rows(spark: SparkSession, fs: TableFS, uris: list[str], summary: Ing
     if summary.rows_read != rows.count():
         rows = rows.dropDuplicates(list(KEY))
     if _has_data(fs):
-        existing = spark.read.parquet(fs.uri).select(*KEY)
+        existing = _read_table(spark, fs).select(*KEY)
         rows = rows.join(existing, on=list(KEY), how="left_anti")
     typed(rows).write.mode("append").partitionBy(*PARTITIONS).parquet(fs.uri)
 
@@ -402,8 +428,7 @@ def _apply_updates(
     from pyspark.sql import functions as F
 
     updates = (
-        spark.read.schema(_UPDATE_COLUMNS)
-        .parquet(*uris)
+        _read_updates(spark, uris)
         .withColumn("day", F.to_date("timestamp"))
         .dropDuplicates(list(KEY))
     )
@@ -414,7 +439,7 @@ def _apply_updates(
     destinations = sorted({r["destination"] for r in places})
     days = sorted({r["day"] for r in places})
     current = (
-        spark.read.parquet(fs.uri)
+        _read_table(spark, fs)
         .where(F.col("destination").isin(destinations) & F.col("day").isin(days))
         .join(F.broadcast(updates.select(*PARTITIONS).distinct()), on=list(PARTITIONS))
     )
@@ -451,7 +476,11 @@ def _apply_updates(
         if summary.outcomes_updated == 0:
             return
         staging = f"{STAGING_DIR}/{uuid.uuid4().hex}"
-        typed(merged.drop("_settled_now")).write.partitionBy(*PARTITIONS).parquet(fs.child(staging))
+        # Only the partitions where a row settles now (an update file may also name rows
+        # settled by an earlier run: --reread, or a run killed before its state was written).
+        changed = merged.where("_settled_now").select(*PARTITIONS).distinct()
+        rewritten = merged.join(F.broadcast(changed), on=list(PARTITIONS)).drop("_settled_now")
+        typed(rewritten).write.partitionBy(*PARTITIONS).parquet(fs.child(staging))
     finally:
         merged.unpersist()
     partitions = [
@@ -495,7 +524,19 @@ def _finish_unfinished(fs: TableFS) -> list[str]:
     partitions never swapped, a reports folder not swapped in."""
     done: list[str] = []
     if fs.exists(SWAP_JOURNAL):
-        journal = json.loads(fs.read_text(SWAP_JOURNAL))
+        try:
+            journal = json.loads(fs.read_text(SWAP_JOURNAL))
+            if not (
+                isinstance(journal, dict)
+                and isinstance(journal.get("partitions"), list)
+                and all(isinstance(journal.get(k), str) for k in ("staging", "old"))
+            ):
+                raise ValueError("not a swap journal")
+        except ValueError as exc:
+            # Written whole (create_text), so not by a killed run of this job.
+            raise IngestError(
+                fs.child(SWAP_JOURNAL), f"damaged swap journal ({exc}); left as it is"
+            ) from None
         _swap(fs, journal)
         done.append(fs.child(SWAP_JOURNAL))
     for name in (SPARK_STAGING_DIR, STAGING_DIR, REPORTS_DIR + ".tmp"):
@@ -603,6 +644,11 @@ def check_catalog(spark: SparkSession, name: str, fs: TableFS) -> None:
         )
 
 
+def _sql_string(text: str) -> str:
+    """`text` inside a Spark SQL '...' literal."""
+    return text.replace("\\", "\\\\").replace("'", "\\'")
+
+
 def register(spark: SparkSession, name: str, fs: TableFS, version: int) -> None:
     """Create (or check) the catalog table `name` over the table's location, recover its
     partitions and refresh it, so a later session with the same catalog sees every row."""
@@ -613,7 +659,7 @@ def register(spark: SparkSession, name: str, fs: TableFS, version: int) -> None:
         )
         spark.sql(
             f"CREATE TABLE {name} ({columns}) USING parquet PARTITIONED BY (destination, day)"
-            f" LOCATION '{fs.uri}'"
+            f" LOCATION '{_sql_string(fs.uri)}'"
             f" TBLPROPERTIES ('mpbroker.table.schema_version' = '{TABLE_SCHEMA_VERSION}')"
         )
     spark.sql(f"ALTER TABLE {name} RECOVER PARTITIONS")
@@ -641,18 +687,48 @@ def ingest(
     try:
         source = TableFS(spark, str(input_dir))
         target = TableFS(spark, str(output))
-    except TableFSError as exc:
-        raise IngestError(exc.location, exc.detail) from None
-    _check_table_scheme(target.scheme, target.uri)
-    if table is not None:
-        check_catalog(spark, table, target)
-    inputs = list_inputs(source)
-    try:
+        _check_table_scheme(target.scheme, target.uri)
+        with spark_errors():
+            if table is not None:
+                check_catalog(spark, table, target)
+        inputs = list_inputs(source)
         target.mkdirs()
-        with target.lock(LOCK_FILE):
-            return _ingest_locked(spark, source, target, inputs, table, reread)
+        with target.lock(LOCK_FILE) as taken_over, _table_session_conf(spark):
+            summary = _ingest_locked(spark, source, target, inputs, table, reread)
+        if taken_over is not None:
+            summary.leftovers_removed.insert(0, taken_over)
+        return summary
     except TableFSError as exc:
         raise IngestError(exc.location, exc.detail) from None
+
+
+@contextlib.contextmanager
+def _table_session_conf(spark: SparkSession) -> Iterator[None]:
+    """The session settings the table's writes need, for the run only (a caller's session
+    gets its own back)."""
+    wanted = {
+        "spark.sql.session.timeZone": "UTC",  # days and minutes are UTC
+        "spark.sql.parquet.outputTimestampType": "TIMESTAMP_MICROS",  # not INT96
+        "spark.sql.sources.partitionOverwriteMode": "static",
+    }
+    before = {key: spark.conf.get(key, None) for key in wanted}
+    for key, value in wanted.items():
+        spark.conf.set(key, value)
+    try:
+        yield
+    finally:
+        for key, earlier in before.items():
+            if earlier is None:
+                spark.conf.unset(key)
+            else:
+                spark.conf.set(key, earlier)
+
+
+def _say(text: str) -> None:
+    """Where a run is, on stderr when it is a terminal (each step may take a while on a big
+    table; a log or a pipe gets only the summary and errors, as from `mpbroker export`)."""
+    if sys.stderr.isatty():
+        print(f"ingest: {text} ...", file=sys.stderr, flush=True)
 
 
 def _check_table_scheme(scheme: str, location: str) -> None:
@@ -677,32 +753,61 @@ def _ingest_locked(
     table: str | None,
     reread: bool,
 ) -> IngestSummary:
-    from pyspark.sql import functions as F
-
     summary = IngestSummary(files=len(inputs.rows))
+    _say(f"{target.uri}: locked")
     summary.leftovers_removed = _finish_unfinished(target)
     state = read_state(target)
+    new_table = not target.exists(_state_name(state.version))
+    if new_table:
+        # The state folder before the table's first write: a run killed after that write
+        # leaves a table the next run knows as this job's (and completes), not one it
+        # would refuse as made by an earlier version of the job.
+        write_state(target, state)
+    try:
+        return _ingest_into(spark, source, target, inputs, table, reread, summary, state)
+    except IngestError:
+        if new_table and not _has_data(target):
+            target.delete(STATE_DIR)  # refused before anything was written: nothing left
+        raise
+
+
+def _ingest_into(
+    spark: SparkSession,
+    source: TableFS,
+    target: TableFS,
+    inputs: Inputs,
+    table: str | None,
+    reread: bool,
+    summary: IngestSummary,
+    state: TableState,
+) -> IngestSummary:
+    from pyspark.sql import functions as F
+
     if reread:
         state = TableState(state.version, {})
     new_rows = [(u, s) for u, s in inputs.rows if state.ingested.get(u) != s]
     new_updates = [(u, s) for u, s in inputs.updates if state.ingested.get(u) != s]
+    _say(f"checking {len(new_rows)} new row files and {len(new_updates)} new update files")
     for uri, _ in new_rows:
         check_file(source, uri, "rows")
     for uri, _ in new_updates:
         check_file(source, uri, "updates")
     summary.files_read = len(new_rows)
     summary.update_files_read = len(new_updates)
-    for key, value in (
-        ("spark.sql.session.timeZone", "UTC"),  # days and minutes are UTC
-        ("spark.sql.parquet.outputTimestampType", "TIMESTAMP_MICROS"),  # not INT96
-        ("spark.sql.sources.partitionOverwriteMode", "static"),
-    ):
-        spark.conf.set(key, value)
-    before = spark.read.parquet(target.uri).count() if _has_data(target) else 0
     with spark_errors():
+        if new_updates:
+            # Read whole before the rows are appended: an update file damaged inside a page
+            # is refused while nothing is written yet. (A damaged row file fails the append
+            # job, whose files are never committed.)
+            _read_updates(spark, [u for u, _ in new_updates]).write.format("noop").mode(
+                "overwrite"
+            ).save()
+        before = _read_table(spark, target).count() if _has_data(target) else 0
         if new_rows:
+            _say("appending the new rows")
             _append_rows(spark, target, [u for u, _ in new_rows], summary)
         if new_updates:
+            _say("applying the outcomes found later")
             _apply_updates(spark, target, [u for u, _ in new_updates], summary)
     if summary.updates_without_row:
         summary.warnings.append(
@@ -721,7 +826,7 @@ def _ingest_locked(
     if not _has_data(target):  # nothing appended to a table that did not exist yet
         return summary
     with spark_errors():
-        frame = spark.read.parquet(target.uri)
+        frame = _read_table(spark, target)
         for row in (
             frame.groupBy("destination").agg(
                 F.count("*").alias("n"), F.sum("size_bytes").alias("b")
@@ -731,8 +836,10 @@ def _ingest_locked(
         summary.rows_in_table = sum(n for n, _ in summary.destinations.values())
         # The lock keeps other writers out: what the table gained is what this run appended.
         summary.rows_appended = summary.rows_in_table - before
+        _say("reports")
         _write_reports(frame, target, state.version)
         if table is not None:
+            _say(f"catalog table {table}")
             register(spark, table, target, state.version)
     return summary
 
@@ -776,6 +883,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 2
+    try:
+        # Before Spark starts: an output an object store cannot hold costs no JVM.
+        _check_table_scheme(urlparse(args.output).scheme, args.output)
+    except IngestError as exc:
+        print(exc, file=sys.stderr)
+        return exc.exit_code
     if args.chart is not None:
         chart = _chart_module()
         try:
@@ -789,14 +902,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     # left running; one made here is stopped at the end.
     ours = SparkSession.getActiveSession() is None
     try:
-        spark = _session(args.master, hive=args.table is not None)
+        spark = _session(args.master, hive=args.table is not None, quiet=ours)
     except IngestError as exc:
         print(exc, file=sys.stderr)
         return exc.exit_code
     try:
         summary = ingest(spark, args.input, args.output, table=args.table, reread=args.reread)
         print("\n".join(summary.lines()))
-        if args.chart is not None and summary.rows_in_table:
+        if args.chart is not None:
+            if not summary.rows_in_table:
+                print(f"chart: {args.chart} not drawn: the table has no rows", file=sys.stderr)
+                return 0
             return _chart(spark, args.output, args.chart)
         return 0
     except IngestError as exc:
@@ -828,7 +944,8 @@ def _chart(spark: SparkSession, output: str, png: Path) -> int:
     return 0
 
 
-def _session(master: str | None, *, hive: bool) -> SparkSession:
+def _session(master: str | None, *, hive: bool, quiet: bool) -> SparkSession:
+    """The job's session (`quiet`: Spark's log at ERROR unless spark.log.level is set)."""
     from pyspark.sql import SparkSession
 
     builder = (
@@ -846,10 +963,15 @@ def _session(master: str | None, *, hive: bool) -> SparkSession:
         # the metastore its configuration names).
         builder = builder.enableHiveSupport()
     try:
-        return builder.getOrCreate()
+        spark = builder.getOrCreate()
     except Exception as exc:
-        detail = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise SparkFailed("spark", f"Spark did not start: {detail[:300]}") from None
+        raise SparkFailed("spark", f"Spark did not start: {one_line(exc)[:300]}") from None
+    if quiet and not spark.sparkContext.getConf().contains("spark.log.level"):
+        # Spark's warnings are for its operators (and RECOVER PARTITIONS warns of each of
+        # the job's own files beside the partitions): errors only, unless told otherwise
+        # (`--conf spark.log.level=WARN`, which a setting made here would override).
+        spark.sparkContext.setLogLevel("ERROR")
+    return spark
 
 
 def _under_spark_submit() -> bool:

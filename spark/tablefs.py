@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
+import re
 import socket
 import time
 from collections.abc import Iterator
@@ -32,6 +33,7 @@ __all__ = [
     "SchemeSupport",
     "TableFS",
     "TableFSError",
+    "one_line",
     "support",
 ]
 
@@ -40,7 +42,8 @@ FLOCK: Final = "flock"
 """An advisory lock on a local (or NFS) file, released by the kernel when the holder dies."""
 CREATE: Final = "exclusive-create"
 """A lock file created only if none is there (the namenode decides atomically); a killed run
-leaves it behind, and the next run names it."""
+leaves it behind: the next run takes it over when it names a process of this host that has
+ended, and otherwise names it."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,7 +121,7 @@ class TableFS:
         try:
             self._fs: Any = jpath.getFileSystem(self._conf)
         except Exception as exc:  # py4j's Java exception: no filesystem for the scheme, ...
-            raise TableFSError(location, _java_message(exc)) from None
+            raise TableFSError(location, one_line(exc)) from None
         if str(self._fs.getScheme()) == "file" and not jpath.isAbsolute():
             # Relative to where the user is: this process's directory, which is not the
             # JVM's once the process has changed directory.
@@ -152,7 +155,7 @@ class TableFS:
         try:
             return fn()
         except Exception as exc:
-            raise TableFSError(self.child(name), f"{what}: {_java_message(exc)}") from None
+            raise TableFSError(self.child(name), f"{what}: {one_line(exc)}") from None
 
     def exists(self, name: str = "") -> bool:
         return bool(self._call("exists", name, lambda: self._fs.exists(self._path(name))))
@@ -256,24 +259,26 @@ class TableFS:
         return result
 
     @contextlib.contextmanager
-    def lock(self, name: str) -> Iterator[None]:
+    def lock(self, name: str) -> Iterator[str | None]:
         """Hold the lock `name` (one run at a time per table): TableFSError naming the holder
-        when another run holds it. How depends on the scheme (`support`)."""
+        when another run holds it. How depends on the scheme (`support`). Yields what a
+        killed run left and this one took over (an exclusive-create lock file), else None."""
         how = support(self.scheme).lock
         if how == FLOCK:
             local = self.local_path()
             assert local is not None
             with _flock(local / name, self.child(name)):
-                yield
+                yield None
         elif how == CREATE:
-            with self._create_lock(name):
-                yield
+            with self._create_lock(name) as taken_over:
+                yield taken_over
         else:
             raise TableFSError(self.uri, f"no lock on {self.scheme}://")
 
     @contextlib.contextmanager
-    def _create_lock(self, name: str) -> Iterator[None]:
-        holder = f"{socket.gethostname()} pid {os.getpid()} since {time.strftime('%FT%TZ', time.gmtime())}"
+    def _create_lock(self, name: str) -> Iterator[str | None]:
+        host = socket.gethostname()
+        holder = f"{host} pid {os.getpid()} since {time.strftime('%FT%TZ', time.gmtime())}"
 
         def create() -> None:
             stream = self._fs.create(self._path(name), False)
@@ -282,24 +287,51 @@ class TableFS:
             finally:
                 stream.close()
 
-        try:
-            create()
-        except Exception as exc:
-            if "FileAlreadyExists" not in type(exc).__name__ + str(exc):
-                raise TableFSError(self.child(name), f"lock: {_java_message(exc)}") from None
+        def held_by() -> str:
             try:
-                other = self.read_text(name).strip() or "unknown"
+                return self.read_text(name).strip() or "unknown"
             except TableFSError:
-                other = "unknown"
-            raise TableFSError(
-                self.child(name),
-                f"another ingest into this table holds its lock ({other}); if none is running"
-                " (a killed run leaves the file behind), delete the file and run again",
-            ) from None
+                return "unknown"
+
+        taken_over: str | None = None
+        for attempt in range(2):
+            try:
+                create()
+                break
+            except Exception as exc:
+                if "FileAlreadyExists" not in type(exc).__name__ + str(exc):
+                    raise TableFSError(self.child(name), f"lock: {one_line(exc)}") from None
+                other = held_by()
+                if attempt == 0 and _dead_here(other, host):
+                    # A killed run on this host: its process is gone, so is its claim. (A
+                    # second run taking it over at the same moment: one create wins.)
+                    self.delete(name)
+                    taken_over = f"{self.child(name)} (held by {other}, no longer running)"
+                    continue
+                raise TableFSError(
+                    self.child(name),
+                    f"another ingest into this table holds its lock ({other}); if none is"
+                    " running (a run killed on another host leaves the file behind), delete"
+                    " the file and run again",
+                ) from None
         try:
-            yield
+            yield taken_over
         finally:
             self.delete(name)
+
+
+def _dead_here(holder: str, host: str) -> bool:
+    """Whether the lock file text `holder` names a process of this host that has ended."""
+    found = re.match(r"(\S+) pid (\d+) since ", holder)
+    if found is None or found.group(1) != host:
+        return False
+    try:
+        os.kill(int(found.group(2)), 0)
+    except ProcessLookupError:
+        return True
+    except OSError:  # alive, another user's
+        return False
+    return False
 
 
 @contextlib.contextmanager
@@ -321,8 +353,8 @@ def _flock(path: Path, shown: str) -> Iterator[None]:
         os.close(fd)  # releases the lock; the file stays, so its inode is the lock
 
 
-def _java_message(exc: BaseException) -> str:
-    """The Java exception's own one-line message, not py4j's page of stack."""
+def one_line(exc: BaseException) -> str:
+    """An exception's first line: a Java exception's own message, not py4j's page of stack."""
     java = getattr(exc, "java_exception", None)
     if java is not None:
         with contextlib.suppress(Exception):

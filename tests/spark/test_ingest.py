@@ -24,6 +24,7 @@ from pyspark.sql import SparkSession
 
 from mpbroker.export import Options, export
 from mpbroker.stores import MessageStore, TopicStore
+from spark import ingest as ingest_module
 from spark.ingest import IngestError, ingest, main
 from spark.tablefs import TableFS
 from tests.export.test_export_stores import SETTINGS, fill
@@ -119,7 +120,8 @@ def test_ingest_counts_types_reports_and_rerun(spark: SparkSession, tmp_path: Pa
     assert b'"mpbroker.table.schema_version":2' in schema.metadata[
         b"org.apache.spark.sql.parquet.row.metadata"
     ].replace(b" ", b"")
-    (state,) = (table / "_mpbroker_table").glob("state-*.json")
+    state = max((table / "_mpbroker_table").glob("state-*.json"))
+    assert state.name == "state-00000001.json"
     assert json.loads(state.read_text())["schema_version"] == 2
 
     outcomes = {r["destination"]: r for r in read_report(table, "outcomes")}
@@ -203,6 +205,17 @@ def test_outcomes_found_later_are_applied_to_the_table(spark: SparkSession, tmp_
         assert again.rows_appended == 0
         assert again.partitions_rewritten == 0
         assert table_counts(spark, table) == UPDATED
+
+    # Every file read again while new outcomes came for /queue/a alone: the topic's rows are
+    # named by update files too (settled before), but only /queue/a's partition is rewritten.
+    topic_files = {p.name for p in (table / "destination=%2Ftopic%2Ft").rglob("*.parquet")}
+    with stores(tmp_path) as (queues, _):
+        queues.settle(queues.live_seqs(), "acked", 9_500_000)
+    export(tmp_path / "data", out, Options())
+    last = ingest(spark, out, table, reread=True)
+    assert (last.outcomes_updated, last.partitions_rewritten) == (13, 1)
+    assert {p.name for p in (table / "destination=%2Ftopic%2Ft").rglob("*.parquet")} == topic_files
+    assert table_counts(spark, table)[("/queue/a", "acked")] == 40
 
 
 def test_a_swap_cut_short_is_finished_by_the_next_run(
@@ -374,6 +387,65 @@ def test_a_file_damaged_inside_a_data_page_is_named_and_nothing_is_written(
     assert victim.name in err and "damaged: Spark could not read it" in err
     assert not table_files(table)
     assert not (table / "_mpbroker_table").exists()
+
+
+def test_a_first_run_killed_before_it_recorded_its_state_is_finished_by_the_next(
+    spark: SparkSession, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Killed after the new table's rows were committed, before its state said so: the next
+    run knows the table as this job's (its state folder came first), reads every file again
+    and appends nothing twice."""
+    out = make_export(tmp_path)
+    table = tmp_path / "table"
+    real_write_state = ingest_module.write_state
+
+    def die_after_the_writes(fs: TableFS, state: ingest_module.TableState) -> None:
+        if state.version > 0:
+            raise KeyboardInterrupt("killed")
+        real_write_state(fs, state)
+
+    monkeypatch.setattr(ingest_module, "write_state", die_after_the_writes)
+    with pytest.raises(KeyboardInterrupt):
+        ingest(spark, out, table)
+    monkeypatch.undo()
+    assert table_files(table)
+    assert [p.name for p in (table / "_mpbroker_table").iterdir()] == ["state-00000000.json"]
+
+    summary = ingest(spark, out, table)
+    assert (summary.rows_read, summary.rows_appended, summary.rows_in_table) == (120, 0, 120)
+    assert summary.table_version == 1
+    assert table_counts(spark, table) == EXPECTED
+
+
+def test_a_damaged_update_file_is_refused_before_any_row_is_appended(
+    spark: SparkSession, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """New rows and new outcomes, an update file garbled inside a page (its footer intact):
+    it is named, exit 2, and the table is as before: no row appended, no outcome applied."""
+    out = make_export(tmp_path)
+    table = tmp_path / "table"
+    ingest(spark, out, table)
+    settle_some(tmp_path)
+    with stores(tmp_path) as (queues, topics):
+        fill(queues, topics, 100, 4)
+    export(tmp_path / "data", out, Options())
+    victim = max((out / "_updates").rglob("*.parquet"), key=lambda p: p.stat().st_size)
+    column = (
+        pq.ParquetFile(victim)
+        .metadata.row_group(0)
+        .column(pq.read_schema(victim).get_field_index("message_id"))
+    )
+    data = bytearray(victim.read_bytes())
+    start = column.data_page_offset + 8
+    data[start : start + 32] = bytes(range(32))
+    victim.write_bytes(bytes(data))
+
+    assert main(["--input", str(out), "--output", str(table)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1, err
+    assert victim.name in err and "damaged" in err
+    assert table_counts(spark, table) == EXPECTED
+    assert not (table / "_mpbroker_table" / "state-00000002.json").exists()
 
 
 def kill_during_write(export_dir: Path, table: Path) -> None:

@@ -3,6 +3,9 @@ the filesystem has no flock (an exclusive create, tried here on the local filesy
 
 from __future__ import annotations
 
+import os
+import socket
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -56,6 +59,19 @@ def test_an_exclusive_create_lock_keeps_a_second_run_out_and_names_a_leftover(
     ):
         pass
     assert "host pid 1 since then" in str(info.value)
+
+    # Left by a run of this host that has ended: taken over, and said so.
+    ended = subprocess.Popen(["true"])
+    ended.wait()
+    left = f"{socket.gethostname()} pid {ended.pid} since then"
+    (tmp_path / "_ingest.lock").write_text(left)
+    with fs._create_lock("_ingest.lock") as taken_over:
+        assert taken_over is not None and left in taken_over
+        assert f" pid {os.getpid()} " in (tmp_path / "_ingest.lock").read_text()
+    # One of this host that still runs is not.
+    (tmp_path / "_ingest.lock").write_text(f"{socket.gethostname()} pid {os.getpid()} since then")
+    with pytest.raises(TableFSError, match="holds its lock"), fs._create_lock("_ingest.lock"):
+        pass
 
 
 @pytest.mark.slow
