@@ -490,7 +490,8 @@ def cmd_export(args: argparse.Namespace) -> int:
     makes the next run export only what is new, and the outcomes found since of rows it
     exported as pending. Its memory stays under --max-memory, whatever the size of the stores.
     Needs pyarrow (in a checkout: pip install -e '.[export]').
-    Exit code 2 for a data directory with no store, or a damaged or foreign file in --out.
+    Exit code 2 for a data directory with no store, a damaged, foreign or missing file in
+    --out, or another export running into --out.
 
     Example: mpbroker export --data-dir /var/lib/mpbroker --out /srv/export --destination '/queue/*'
     """

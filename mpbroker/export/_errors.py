@@ -12,7 +12,9 @@ class ExportError(Exception):
 
     Raised before anything is written for a data directory that holds no mpbroker store, a
     damaged or foreign file in the export directory, a manifest or schema version this code
-    does not know, or options that differ from the ones the export directory was made with.
+    does not know, options that differ from the ones the export directory was made with, or
+    an export directory another export holds; and during a run for an earlier file it reads
+    that turns out missing or damaged.
     """
 
     def __init__(self, path: Path | str, detail: str) -> None:

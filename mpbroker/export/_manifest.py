@@ -14,6 +14,7 @@ is pending (the file is then `resolved`).
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Final
@@ -22,6 +23,7 @@ from ._errors import ExportError
 from ._schema import READABLE_SCHEMA_VERSIONS, SCHEMA_VERSION
 
 __all__ = [
+    "LOCK_NAME",
     "MANIFEST_FORMAT",
     "MANIFEST_NAME",
     "MANIFEST_VERSION",
@@ -34,6 +36,7 @@ __all__ = [
     "after_seq",
     "check_options",
     "file_name",
+    "parse_file_name",
     "parse_manifest",
     "record",
     "record_updates",
@@ -49,6 +52,9 @@ MANIFEST_FORMAT: Final = "mpbroker-export"
 MANIFEST_VERSION: Final = 2
 _READABLE_MANIFEST_VERSIONS: Final = frozenset({1, 2})
 UPDATES_DIR: Final = "_updates"
+LOCK_NAME: Final = "_mpbroker-export.lock"
+"""What a run holds an flock on, so that one runs at a time (skipped by dataset readers)."""
+_FILE_NAME: Final = re.compile(r"^([^/]+)/seg-(\d{8})(?:\.after-(\d+))?\.parquet$")
 
 
 @dataclass(frozen=True, slots=True)
@@ -229,9 +235,21 @@ def file_name(store: str, index: int, after: int) -> str:
     """The file for rows of segment `index` above seq `after` (relative to the export dir).
 
     Deterministic: a run interrupted between the file's rename and the manifest's write
-    writes the same name again next time, so a leftover is replaced, never duplicated."""
+    left the file the next run would write, under this name; the next run adopts it (a
+    reader may have taken it in already) rather than write it again."""
     stem = f"{store}/seg-{index:08d}"
     return f"{stem}.parquet" if after == 0 else f"{stem}.after-{after}.parquet"
+
+
+def parse_file_name(name: str) -> tuple[str, int] | None:
+    """(source key, after) of a row file name `file_name` makes; None for any other name."""
+    m = _FILE_NAME.match(name)
+    if m is None:
+        return None
+    store, index, after = m.group(1), int(m.group(2)), int(m.group(3) or 0)
+    if file_name(store, index, after) != name:  # e.g. ".after-0", or a leading zero
+        return None
+    return source_key(store, index), after
 
 
 def update_file_name(row_file: str, run: int) -> str:

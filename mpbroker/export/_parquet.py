@@ -9,8 +9,12 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
+import heapq
+import itertools
 import os
-from collections.abc import Iterator, Sequence
+from array import array
+from bisect import bisect_left
+from collections.abc import Container, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
@@ -33,6 +37,8 @@ __all__ = [
     "UPDATES",
     "ParquetOut",
     "PendingKeys",
+    "RowCounts",
+    "SeqSet",
     "arrow_schema",
     "check_file",
     "count_rows",
@@ -210,13 +216,56 @@ def check_file(path: Path) -> str:
     return kind
 
 
-def count_rows(path: Path) -> tuple[int, int]:
-    """(rows, rows pending) of a row file."""
-    pf = _pq().ParquetFile(path)
-    pending = 0
-    for batch in pf.iter_batches(columns=["outcome"], batch_size=65_536):
-        pending += batch.column(0).to_pylist().count(PENDING)
-    return pf.metadata.num_rows, pending
+def _unreadable(path: Path, exc: Exception) -> ExportError:
+    """The ExportError for an export file that could not be read: one line naming it."""
+    if isinstance(exc, FileNotFoundError):
+        return ExportError(path, "missing (the manifest lists it)")
+    # pyarrow's messages can run over several lines (a thrift error, then what failed) and
+    # quote the damaged bytes.
+    text = "".join(c if c.isprintable() else " " for c in str(exc))
+    detail = " ".join(text.split()) or type(exc).__name__
+    return ExportError(path, f"damaged, cannot be read ({detail})")
+
+
+def _read_batches(path: Path, columns: list[str], batch_size: int) -> Iterator[Any]:
+    """The record batches of `columns` of an export file; ExportError naming it when it is
+    missing or a page of it cannot be read (a footer can be whole and a data page not)."""
+    pq = _pq()
+    try:
+        batches = iter(pq.ParquetFile(path).iter_batches(columns=columns, batch_size=batch_size))
+    except Exception as exc:  # pyarrow raises OSError, ArrowInvalid, ... for a bad file
+        raise _unreadable(path, exc) from None
+    while True:
+        try:
+            batch = next(batches)
+        except StopIteration:
+            return
+        except Exception as exc:  # as above, for a bad data page
+            raise _unreadable(path, exc) from None
+        yield batch
+
+
+@dataclass(frozen=True, slots=True)
+class RowCounts:
+    """What the manifest records of a row file, counted from the file."""
+
+    rows: int
+    pending: int
+    """Rows whose outcome is pending."""
+    max_seq: int
+    """The highest seq in it (0 for a file without rows)."""
+
+
+def count_rows(path: Path) -> RowCounts:
+    """Rows, pending rows and highest seq of a row file (reading every page of its `seq`
+    and `outcome` columns); ExportError naming it when it is missing or damaged."""
+    rows = pending = max_seq = 0
+    for batch in _read_batches(path, ["seq", "outcome"], 65_536):
+        seqs = batch.column(0).to_pylist()
+        rows += len(seqs)
+        max_seq = max(max_seq, max(seqs, default=0))
+        pending += batch.column(1).to_pylist().count(PENDING)
+    return RowCounts(rows, pending, max_seq)
 
 
 @dataclass(frozen=True, slots=True)
@@ -230,22 +279,60 @@ class PendingKeys:
     segment: list[int]
 
 
-def update_seqs(paths: Sequence[Path]) -> set[int]:
-    """The seqs the update files `paths` hold outcomes for."""
-    pq = _pq()
-    seqs: set[int] = set()
+class SeqSet:
+    """A set of seqs in 8 bytes each (a sorted ``array('q')``, looked up by bisection):
+    a Python set of ints takes about 57 bytes per seq, 55 MiB for a segment of a million
+    rows, beyond what the batches of `--max-memory` account for."""
+
+    __slots__ = ("_seqs",)
+
+    def __init__(self, *runs: Iterable[int]) -> None:
+        """The seqs of `runs`: each is usually ascending already (an update file is
+        written in seq order), so they are merged, without a Python int per seq at once."""
+        ordered = [r if isinstance(r, array) else array("q", r) for r in runs]
+        ordered = [r if _ascending(r) else array("q", sorted(r)) for r in ordered if r]
+        if len(ordered) == 1 and _ascending(ordered[0], strictly=True):
+            self._seqs = ordered[0]
+            return
+        self._seqs = array("q")
+        for seq in heapq.merge(*ordered):
+            if not self._seqs or self._seqs[-1] != seq:
+                self._seqs.append(seq)
+
+    def __contains__(self, seq: object) -> bool:
+        if not isinstance(seq, int):
+            return False
+        i = bisect_left(self._seqs, seq)
+        return i < len(self._seqs) and self._seqs[i] == seq
+
+    def __len__(self) -> int:
+        return len(self._seqs)
+
+
+def _ascending(seqs: array[int], *, strictly: bool = False) -> bool:
+    if strictly:
+        return all(a < b for a, b in itertools.pairwise(seqs))
+    return all(a <= b for a, b in itertools.pairwise(seqs))
+
+
+def update_seqs(paths: Sequence[Path]) -> SeqSet:
+    """The seqs the update files `paths` hold outcomes for; ExportError naming a file that
+    is missing or damaged."""
+    runs: list[array[int]] = []
     for path in paths:
-        for batch in pq.ParquetFile(path).iter_batches(columns=["seq"], batch_size=65_536):
-            seqs.update(batch.column(0).to_pylist())
-    return seqs
+        run = array("q")
+        for batch in _read_batches(path, ["seq"], 65_536):
+            run.extend(batch.column(0).to_pylist())
+        runs.append(run)
+    return SeqSet(*runs)
 
 
-def pending_keys(path: Path, resolved: set[int], batch_rows: int) -> Iterator[PendingKeys]:
+def pending_keys(path: Path, resolved: Container[int], batch_rows: int) -> Iterator[PendingKeys]:
     """The row file's pending rows not in `resolved` (seqs an update file already holds),
-    ascending seq, at most `batch_rows` at a time. (Plain Python over each batch: pyarrow's
-    compute module would add 12 MiB to the export's memory for this.)"""
-    pf = _pq().ParquetFile(path)
-    for batch in pf.iter_batches(columns=list(_KEY_COLUMNS), batch_size=batch_rows):
+    ascending seq, at most `batch_rows` at a time; ExportError naming the file when it is
+    missing or damaged. (Plain Python over each batch: pyarrow's compute module would add
+    12 MiB to the export's memory for this.)"""
+    for batch in _read_batches(path, list(_KEY_COLUMNS), batch_rows):
         columns = {name: batch.column(name).to_pylist() for name in _KEY_COLUMNS}
         chosen = [
             i

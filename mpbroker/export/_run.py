@@ -11,18 +11,21 @@ A run does two things per store:
    to a row file (the active segment's as a snapshot).
 
 The manifest is rewritten after each file, so an interrupted run loses at most the file it
-was writing. Segments are read batch by batch and each batch's outcomes looked up by seq
-range, so memory depends on the batch size, which `max_memory` sets, and not on the size of
-the stores.
+was writing (one renamed into place but not recorded yet is adopted by the next run). One
+run at a time holds the export directory (a lock file in it). Segments are read batch by
+batch and each batch's outcomes looked up by seq range, so memory depends on the batch
+size, which `max_memory` sets, and not on the size of the stores.
 """
 
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import fnmatch
 import gc
 import os
 import re
+import stat
 from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
@@ -37,6 +40,7 @@ from mpbroker.storefiles import fsync_directory
 from . import _parquet
 from ._errors import ExportError
 from ._manifest import (
+    LOCK_NAME,
     MANIFEST_NAME,
     OLD_MANIFEST_NAME,
     UPDATES_DIR,
@@ -46,6 +50,7 @@ from ._manifest import (
     after_seq,
     check_options,
     file_name,
+    parse_file_name,
     parse_manifest,
     record,
     record_updates,
@@ -209,12 +214,42 @@ def _is_leftover(path: Path) -> bool:
     )
 
 
-def _prepare_out(out: Path, options: Options) -> Manifest:
-    """Check the export directory (every file in it ours and known), clear leftovers of an
-    interrupted run; the manifest to continue from."""
+@contextlib.contextmanager
+def _locked(out: Path) -> Iterator[None]:
+    """The export directory (made if need be), held for one run: an exclusive ``flock`` on
+    ``OUT/_mpbroker-export.lock`` (kept, owner-only; the kernel drops the lock however the
+    run ends). ExportError naming the directory at once while another export holds it: two
+    runs would delete each other's files being written and take the same run number."""
     if out.exists() and not out.is_dir():
         raise ExportError(out, "exists and is not a directory")
     out.mkdir(parents=True, exist_ok=True)
+    path = out / LOCK_NAME
+    # O_NONBLOCK: a FIFO someone put there fails the check below instead of hanging us.
+    flags = os.O_RDONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+    try:
+        fd = os.open(path, flags, 0o600)
+    except OSError as exc:
+        raise ExportError(path, f"cannot open the export's lock file ({exc.strerror})") from None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise ExportError(path, "not a regular file: not the export's lock file")
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise ExportError(
+                out, "another mpbroker export is running into this directory; try again later"
+            ) from None
+        with contextlib.suppress(PermissionError):  # another user's file it may open
+            os.fchmod(fd, 0o600)
+        yield
+    finally:
+        os.close(fd)
+
+
+def _prepare_out(out: Path, options: Options) -> Manifest:
+    """Check the export directory (every file in it ours and known), adopt a row file an
+    interrupted run wrote but did not record, clear its other leftovers; the manifest to
+    continue from."""
     manifest_path = out / MANIFEST_NAME
     old_path = out / OLD_MANIFEST_NAME
     if manifest_path.exists():
@@ -235,6 +270,21 @@ def _prepare_out(out: Path, options: Options) -> Manifest:
         ):
             where = f"outside {UPDATES_DIR}/" if kind == _parquet.UPDATES else f"in {UPDATES_DIR}/"
             raise ExportError(path, f"an export file of kind {kind!r} {where}")
+    for _, entry in manifest.open_files():  # the files this run reads
+        for name in (entry.name, *entry.updates):
+            if not (out / name).is_file():
+                raise ExportError(
+                    out / name,
+                    "missing: the manifest lists it among the files of rows still pending;"
+                    " restore it, or export into a new --out",
+                )
+    recorded = manifest.files()
+    unrecorded = [
+        path
+        for path, kind in kinds.items()
+        if kind == _parquet.ROWS and path.relative_to(out).as_posix() not in recorded
+    ]
+    manifest = _adopt(out, manifest, unrecorded)
     # Only after every check: an interrupted run's temporary files (never complete), and
     # the update files it wrote but did not record (the next one finds those outcomes again).
     for path in out.rglob("*.tmp"):
@@ -244,6 +294,41 @@ def _prepare_out(out: Path, options: Options) -> Manifest:
     for path, kind in kinds.items():
         if kind == _parquet.UPDATES and path.relative_to(out).as_posix() not in recorded:
             path.unlink()
+    return manifest
+
+
+def _adopt(out: Path, manifest: Manifest, paths: list[Path]) -> Manifest:
+    """The manifest with the row files `paths` (in the export directory, not in the
+    manifest) recorded as if the run that wrote them had recorded them.
+
+    Such a file is complete (renamed into place only then) but its run was interrupted
+    before it wrote the manifest. A reader may have taken it in already: it stays as it
+    is, and later runs write update files for its pending rows, and export the segment's
+    rows above its highest seq (the rows its run read and filtered out past that are read
+    and filtered out again). ExportError naming a file that cannot be read, or that is not
+    the file the manifest says comes next for its segment."""
+    found = []
+    for path in paths:
+        name = path.relative_to(out).as_posix()
+        parsed = parse_file_name(name)
+        if parsed is None:
+            continue  # not a name the export writes: left alone, as ever
+        key, after = parsed
+        found.append((key, after, name, path))
+    for key, after, name, path in sorted(found):
+        expected = after_seq(manifest, key)
+        if expected != after:
+            what = "nothing more" if expected is None else f"rows above seq {expected}"
+            raise ExportError(
+                path,
+                f"a row file the manifest does not list, and not the next one of {key} (it"
+                f" expects {what}): move it out of the export directory",
+            )
+        counts = _parquet.count_rows(path)
+        written = FileEntry(name, counts.rows, counts.pending)
+        manifest = record(
+            manifest, key, upto_seq=max(after, counts.max_seq), complete=False, written=written
+        )
     return manifest
 
 
@@ -311,26 +396,27 @@ def export(
     else:
         _parquet.use_system_allocator()
         batching = batching_for(max_memory, anonymous_memory())
-    manifest = _prepare_out(out, options)
-    # The run's number is taken first: it names the update files, and a run interrupted
-    # after recording one must not have its number (and that file's name) used again.
-    run = _Run(out, options, batching, manifest)
-    run.save(replace(manifest, runs=manifest.runs + 1))
-    (out / OLD_MANIFEST_NAME).unlink(missing_ok=True)
-    plans = [(store, list_segments(store)) for store in stores]
-    total = sum(len(segments) for _, segments in plans)
-    done = 0
-    for store, segments in plans:
-        reader = StoreReader(store, segments)
-        try:
-            _resolve_earlier_rows(run, store, reader)
-            for seg in segments:
-                done += 1
-                _export_segment(run, store, reader, seg)
-                if progress is not None:
-                    progress(done, total, run.summary.rows)
-        finally:
-            reader.close()
+    with _locked(out):
+        manifest = _prepare_out(out, options)
+        # The run's number is taken first: it names the update files, and a run interrupted
+        # after recording one must not have its number (and that file's name) used again.
+        run = _Run(out, options, batching, manifest)
+        run.save(replace(manifest, runs=manifest.runs + 1))
+        (out / OLD_MANIFEST_NAME).unlink(missing_ok=True)
+        plans = [(store, list_segments(store)) for store in stores]
+        total = sum(len(segments) for _, segments in plans)
+        done = 0
+        for store, segments in plans:
+            reader = StoreReader(store, segments)
+            try:
+                _resolve_earlier_rows(run, store, reader)
+                for seg in segments:
+                    done += 1
+                    _export_segment(run, store, reader, seg)
+                    if progress is not None:
+                        progress(done, total, run.summary.rows)
+            finally:
+                reader.close()
     return run.summary
 
 
@@ -343,11 +429,13 @@ def _resolve_earlier_rows(run: _Run, store: StoreDir, reader: StoreReader) -> No
             continue
         path = run.out / entry.name
         if entry.pending is None:  # listed by a version 1 manifest: count it first
-            rows, pending = _parquet.count_rows(path)
-            entry = replace(entry, rows=rows, pending=pending)
-            if pending == 0:
+            counts = _parquet.count_rows(path)
+            entry = replace(entry, rows=counts.rows, pending=counts.pending)
+            if counts.pending == 0:
                 run.save(
-                    record_updates(run.manifest, key, entry.name, pending=0, rows=rows, update=None)
+                    record_updates(
+                        run.manifest, key, entry.name, pending=0, rows=counts.rows, update=None
+                    )
                 )
                 continue
         match = _SEGMENT_KEY.search(key)

@@ -3,8 +3,11 @@ process): counts and outcomes read back from the Parquet files, incremental runs
 
 from __future__ import annotations
 
+import fcntl
 import io
 import json
+import stat
+import subprocess
 import sys
 from collections import Counter
 from collections.abc import Iterator
@@ -16,7 +19,8 @@ import pytest
 
 from mpbroker.cli import main
 from mpbroker.config import StoreSettings
-from mpbroker.export import MANIFEST_NAME, ExportError, Options, Progress, export
+from mpbroker.export import MANIFEST_NAME, ExportError, Options, Progress, _run, export
+from mpbroker.export._manifest import LOCK_NAME
 from mpbroker.records import Message
 from mpbroker.stores import MessageStore, TopicStore
 from tests.commands import EXPORT_IN_PROCESS
@@ -232,7 +236,8 @@ def test_a_bad_parquet_file_in_out_is_refused(
     assert code == 2
     err = capsys.readouterr().err
     assert str(bad) in err
-    assert sorted(p.name for p in out.iterdir()) == ["other.parquet"]  # nothing written
+    # Nothing written (but the lock file the run held).
+    assert sorted(p.name for p in out.iterdir()) == [LOCK_NAME, "other.parquet"]
 
 
 def test_an_unknown_manifest_schema_version_is_refused(
@@ -424,3 +429,163 @@ def test_an_export_directory_of_an_earlier_version_is_carried_on(
     assert json.loads((out / MANIFEST_NAME).read_text())["manifest_version"] == 2
     assert summary.outcomes_found["acked"] == 5 + 10
     assert Counter(r["outcome"] for r in current(out).values())["pending"] == 10 - 2
+
+
+class Killed(BaseException):
+    """What a test raises where a run is killed."""
+
+
+def kill_before_recording_a_file(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The next run dies after its first row file is renamed into place, before the manifest
+    records it (as if killed there)."""
+
+    def killed(*args: object, **kwargs: object) -> None:
+        raise Killed
+
+    monkeypatch.setattr(_run, "record", killed)
+
+
+def garble(path: Path, column: str = "seq") -> None:
+    """Flip every byte of `column`'s pages in the file's first row group: the footer stays
+    whole (the file passes as an export file), those pages cannot be read."""
+    group = pq.ParquetFile(path).metadata.row_group(0)
+    chunk = next(
+        group.column(i)
+        for i in range(group.num_columns)
+        if group.column(i).path_in_schema == column
+    )
+    data = bytearray(path.read_bytes())
+    for i in range(chunk.data_page_offset, chunk.data_page_offset + chunk.total_compressed_size):
+        data[i] ^= 0xFF
+    path.write_bytes(bytes(data))
+
+
+def test_a_row_file_an_interrupted_run_did_not_record_is_adopted(
+    stores: tuple[Path, MessageStore, TopicStore], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An ingest may take in a row file its run did not record (killed before the manifest):
+    the next run keeps it as it is and writes the outcomes found since as updates."""
+    data, queues, topics = stores
+    fill(queues, topics, 0, 10)
+    out = tmp_path / "out"
+    kill_before_recording_a_file(monkeypatch)
+    with pytest.raises(Killed):
+        export(data, out, Options())
+    monkeypatch.undo()
+    first = out / "p2p-0" / "seg-00000001.parquet"
+    taken_in = first.read_bytes()  # what an ingest read meanwhile
+    assert "p2p-0/seg-00000001" not in json.loads((out / MANIFEST_NAME).read_text())["segments"]
+    pending = pq.read_table(first).to_pydict()["outcome"].count("pending")
+    assert pending > 0
+    half = out / "p2p-0" / ".seg-00000002.parquet.tmp"  # a file being written: discarded
+    half.write_bytes(b"PAR1 half")
+
+    queues.settle(queues.live_seqs(), "acked", 5_000_000)
+    summary = export(data, out, Options())
+    assert first.read_bytes() == taken_in
+    assert not half.exists()
+    assert summary.outcomes_found["acked"] >= pending
+    entry = json.loads((out / MANIFEST_NAME).read_text())["segments"]["p2p-0/seg-00000001"]
+    adopted = entry["files"][0]
+    assert adopted["name"] == "p2p-0/seg-00000001.parquet"
+    assert adopted["rows"] == pq.read_metadata(first).num_rows
+    assert adopted["pending"] == 0 and len(adopted["updates"]) == 1
+    d = rows_of(out).to_pydict()
+    assert len(d["seq"]) == len(set(zip(d["store"], d["seq"], strict=True))) == 30  # none twice
+    assert {r["outcome"] for r in current(out).values() if r["store"] == "p2p-0"} == {"acked"}
+
+
+@pytest.mark.parametrize("case", ["damaged", "not the next"])
+def test_an_unrecorded_row_file_that_cannot_be_adopted_is_refused(
+    stores: tuple[Path, MessageStore, TopicStore],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    case: str,
+) -> None:
+    data, queues, topics = stores
+    fill(queues, topics, 0, 10)
+    out = tmp_path / "out"
+    kill_before_recording_a_file(monkeypatch)
+    with pytest.raises(Killed):
+        export(data, out, Options())
+    monkeypatch.undo()
+    bad = out / "p2p-0" / "seg-00000001.parquet"
+    if case == "damaged":
+        garble(bad)
+    else:
+        bad = bad.rename(bad.with_name("seg-00000001.after-3.parquet"))
+    content = bad.read_bytes()
+    manifest = (out / MANIFEST_NAME).read_text()
+    with pytest.raises(ExportError, match="damaged" if case == "damaged" else "not the next") as e:
+        export(data, out, Options())
+    assert e.value.path == bad
+    assert bad.read_bytes() == content
+    assert (out / MANIFEST_NAME).read_text() == manifest
+
+
+def run_export_command(data: Path, out: Path) -> subprocess.CompletedProcess[str]:
+    """`mpbroker export` as a process of its own, as a person (or the timer) runs it."""
+    command = [sys.executable, "-m", "mpbroker", "export", "--data-dir", str(data)]
+    return subprocess.run(
+        [*command, "--out", str(out)], capture_output=True, text=True, timeout=120
+    )
+
+
+def assert_refused_in_one_line(run: subprocess.CompletedProcess[str], *words: str) -> None:
+    assert run.returncode == 2, run.stderr
+    assert "Traceback" not in run.stderr
+    lines = run.stderr.strip().splitlines()
+    assert len(lines) == 1, run.stderr
+    assert all(w in lines[0] for w in words), lines[0]
+
+
+@pytest.mark.parametrize(
+    ("kind", "damage"),
+    [("rows", "missing"), ("rows", "damaged"), ("updates", "missing"), ("updates", "damaged")],
+)
+def test_a_missing_or_damaged_earlier_file_is_named_in_one_line(
+    stores: tuple[Path, MessageStore, TopicStore], tmp_path: Path, kind: str, damage: str
+) -> None:
+    """A file an earlier run wrote and this one reads (a row file with rows still pending,
+    its update files): exit code 2 and the file named, no traceback."""
+    data, queues, topics = stores
+    fill(queues, topics, 0, 10)
+    out = tmp_path / "out"
+    export(data, out, Options())
+    live = queues.live_seqs()
+    queues.settle(live[: len(live) // 2], "acked", 5_000_000)  # some stay pending
+    export(data, out, Options())
+    manifest = json.loads((out / MANIFEST_NAME).read_text())
+    files = [f for e in manifest["segments"].values() for f in e["files"] if f["pending"]]
+    names = (
+        [f["name"] for f in files] if kind == "rows" else [u for f in files for u in f["updates"]]
+    )
+    victim = out / names[0]
+    if damage == "missing":
+        victim.unlink()
+    else:
+        garble(victim)
+    run = run_export_command(data, out)
+    assert_refused_in_one_line(run, str(victim), damage)
+
+
+def test_a_second_export_into_the_same_out_is_refused_at_once(
+    stores: tuple[Path, MessageStore, TopicStore], tmp_path: Path
+) -> None:
+    """While an export holds OUT's lock, another refuses at once and touches nothing: it
+    would delete the files the first is writing and take its run number."""
+    data, queues, topics = stores
+    fill(queues, topics, 0, 10)
+    out = tmp_path / "out"
+    export(data, out, Options())
+    lock = out / LOCK_NAME
+    assert stat.S_IMODE(lock.stat().st_mode) == 0o600
+    (out / "p2p-0" / ".seg-00000009.parquet.tmp").write_bytes(b"PAR1 being written")
+    fill(queues, topics, 100, 4)  # something new to export
+    before = {p: p.read_bytes() for p in out.rglob("*") if p.is_file()}
+    with lock.open("rb") as held:  # the running export's lock
+        fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        run = run_export_command(data, out)
+    assert_refused_in_one_line(run, str(out), "another mpbroker export is running")
+    assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file()} == before
+    assert export(data, out, Options()).rows == 12  # once it is done

@@ -12,6 +12,7 @@ from mpbroker.export._manifest import (
     MANIFEST_NAME,
     check_options,
     file_name,
+    parse_file_name,
     parse_manifest,
     record,
     record_updates,
@@ -53,6 +54,20 @@ def test_file_names_are_deterministic_per_part() -> None:
         update_file_name("p2p-0/seg-00000003.after-120.parquet", 4)
         == "_updates/p2p-0/seg-00000003.after-120.updates-4.parquet"
     )
+
+
+def test_a_row_file_name_gives_back_its_segment_and_part() -> None:
+    """What adopting a row file an interrupted run did not record starts from."""
+    for after in (0, 120):
+        assert parse_file_name(file_name("pubsub-1", 3, after)) == ("pubsub-1/seg-00000003", after)
+    for other in (
+        "p2p-0/seg-00000003.after-0.parquet",
+        "p2p-0/seg-3.parquet",
+        "p2p-0/other.parquet",
+        "seg-00000003.parquet",
+        "_updates/p2p-0/seg-00000003.updates-4.parquet",
+    ):
+        assert parse_file_name(other) is None
 
 
 def test_files_with_pending_rows_stay_open_until_none_is_pending() -> None:
