@@ -36,7 +36,7 @@ import re
 import sys
 import uuid
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 from urllib.parse import urlparse
@@ -201,10 +201,13 @@ class TableState:
     files it holds."""
 
     version: int = 0
-    """Bumped by every run that changed the table (reports follow it)."""
+    """Bumped by every run that changed the table's rows (reports follow it)."""
     ingested: dict[str, int] = field(default_factory=dict)
     """Export files ingested: URI -> size. An export directory only gains files, so a run
     reads only new ones, not the export's whole history."""
+    serial: int = -1
+    """The number of the state file it was read from (-1: none yet); each is written once,
+    under the next number."""
 
     def to_json(self) -> str:
         return json.dumps(
@@ -218,14 +221,17 @@ class TableState:
         )
 
 
-def _state_name(version: int) -> str:
-    return f"{STATE_DIR}/state-{version:08d}.json"
+def _state_name(serial: int) -> str:
+    return f"{STATE_DIR}/state-{serial:08d}.json"
+
+
+_STATE_FILE: Final = re.compile(r"/state-(\d{8})\.json$")
 
 
 def read_state(fs: TableFS) -> TableState:
     """The table's newest state; a table with data but no state (made by an earlier version
     of the job) or of another schema version is refused."""
-    states = [e.name for e in fs.list(STATE_DIR) if re.search(r"/state-\d{8}\.json$", e.name)]
+    states = [e.name for e in fs.list(STATE_DIR) if _STATE_FILE.search(e.name)]
     if not states:
         if _has_data(fs):
             raise IngestError(
@@ -246,19 +252,26 @@ def read_state(fs: TableFS) -> TableState:
                 f"table schema version {data.get('schema_version')!r} unknown (this job"
                 f" writes {TABLE_SCHEMA_VERSION})",
             )
+        serial = _STATE_FILE.search(name)
+        assert serial is not None
         return TableState(
-            int(data["version"]), {str(k): int(v) for k, v in data["ingested"].items()}
+            int(data["version"]),
+            {str(k): int(v) for k, v in data["ingested"].items()},
+            int(serial.group(1)),
         )
     except (ValueError, KeyError, TypeError, AttributeError) as exc:
         raise IngestError(fs.child(name), f"damaged table state ({exc})") from None
 
 
-def write_state(fs: TableFS, state: TableState) -> None:
-    """Record `state` as a new file (never overwriting one), then drop all but the newest two."""
-    fs.create_text(_state_name(state.version), state.to_json())
-    states = [e.name for e in fs.list(STATE_DIR) if re.search(r"/state-\d{8}\.json$", e.name)]
+def write_state(fs: TableFS, state: TableState) -> TableState:
+    """Record `state` as a new file, the one after `state.serial`'s (never overwriting one),
+    then drop all but the newest two; `state` with its new serial."""
+    written = replace(state, serial=state.serial + 1)
+    fs.create_text(_state_name(written.serial), written.to_json())
+    states = [e.name for e in fs.list(STATE_DIR) if _STATE_FILE.search(e.name)]
     for old in states[:-2]:
         fs.delete(old)
+    return written
 
 
 def _has_data(fs: TableFS) -> bool:
@@ -757,12 +770,12 @@ def _ingest_locked(
     _say(f"{target.uri}: locked")
     summary.leftovers_removed = _finish_unfinished(target)
     state = read_state(target)
-    new_table = not target.exists(_state_name(state.version))
+    new_table = state.serial < 0
     if new_table:
         # The state folder before the table's first write: a run killed after that write
         # leaves a table the next run knows as this job's (and completes), not one it
         # would refuse as made by an earlier version of the job.
-        write_state(target, state)
+        state = write_state(target, state)
     try:
         return _ingest_into(spark, source, target, inputs, table, reread, summary, state)
     except IngestError:
@@ -783,10 +796,9 @@ def _ingest_into(
 ) -> IngestSummary:
     from pyspark.sql import functions as F
 
-    if reread:
-        state = TableState(state.version, {})
-    new_rows = [(u, s) for u, s in inputs.rows if state.ingested.get(u) != s]
-    new_updates = [(u, s) for u, s in inputs.updates if state.ingested.get(u) != s]
+    known = {} if reread else state.ingested
+    new_rows = [(u, s) for u, s in inputs.rows if known.get(u) != s]
+    new_updates = [(u, s) for u, s in inputs.updates if known.get(u) != s]
     _say(f"checking {len(new_rows)} new row files and {len(new_updates)} new update files")
     for uri, _ in new_rows:
         check_file(source, uri, "rows")
@@ -814,15 +826,26 @@ def _ingest_into(
             f"{summary.updates_without_row} outcomes in update files name rows that are not in"
             " the table (their row files were not ingested into it): not applied"
         )
-    changed = bool(new_rows or new_updates)
-    state = TableState(
-        state.version + (1 if changed else 0),
-        state.ingested | dict(new_rows) | dict(new_updates),
+    with spark_errors():
+        # The lock keeps other writers out: what the table gained is what this run appended.
+        summary.rows_appended = (
+            _read_table(spark, target).count() if _has_data(target) else 0
+        ) - before
+    # The version (which the reports follow) moves when the rows did, or may have: files not
+    # in the ingest log were read (a run killed after its writes left them unrecorded, and
+    # its rows are no longer "appended"). Files read again by --reread that changed nothing
+    # leave it, and the reports.
+    unrecorded = any(state.ingested.get(u) != n for u, n in (*new_rows, *new_updates))
+    moved = unrecorded or summary.rows_appended > 0 or summary.outcomes_updated > 0
+    now = replace(
+        state,
+        version=state.version + (1 if moved else 0),
+        ingested=state.ingested | dict(new_rows) | dict(new_updates),
     )
-    if changed or not target.exists(_state_name(state.version)):
+    if now != state:
         # Only after the table's writes: a run killed before this reads those files again.
-        write_state(target, state)
-    summary.table_version = state.version
+        now = write_state(target, now)
+    summary.table_version = now.version
     if not _has_data(target):  # nothing appended to a table that did not exist yet
         return summary
     with spark_errors():
@@ -834,13 +857,11 @@ def _ingest_into(
         ).collect():
             summary.destinations[row["destination"]] = (int(row["n"]), int(row["b"]))
         summary.rows_in_table = sum(n for n, _ in summary.destinations.values())
-        # The lock keeps other writers out: what the table gained is what this run appended.
-        summary.rows_appended = summary.rows_in_table - before
         _say("reports")
-        _write_reports(frame, target, state.version)
+        _write_reports(frame, target, now.version)
         if table is not None:
             _say(f"catalog table {table}")
-            register(spark, table, target, state.version)
+            register(spark, table, target, now.version)
     return summary
 
 

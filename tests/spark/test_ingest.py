@@ -27,7 +27,7 @@ from mpbroker.stores import MessageStore, TopicStore
 from spark import ingest as ingest_module
 from spark.ingest import IngestError, ingest, main
 from spark.tablefs import TableFS
-from tests.export.test_export_stores import SETTINGS, fill
+from tests.export.test_export_stores import SETTINGS, fill, garble
 from tests.spark.conftest import PY4J_SOCKETS
 
 pytestmark = [pytest.mark.slow, PY4J_SOCKETS]
@@ -147,10 +147,14 @@ def test_ingest_counts_types_reports_and_rerun(spark: SparkSession, tmp_path: Pa
     # The same table: its reports are not written again (Spark names each part file anew).
     assert report_parts(table) == report_parts_before
 
-    # Told to read every file again, it does, and the anti-join adds nothing.
+    # Told to read every file again, it does, and the anti-join adds nothing: the table's
+    # version, state and reports stay as they are.
     again = ingest(spark, out, table, reread=True)
     assert (again.files_read, again.rows_read, again.rows_appended) == (first.files, 120, 0)
+    assert again.table_version == 1
     assert table_counts(spark, table) == EXPECTED
+    assert report_parts(table) == report_parts_before
+    assert not (table / "_mpbroker_table" / "state-00000002.json").exists()
 
     # Reports of another version of the table (a run killed before it swapped in its new
     # reports) are recomputed, though nothing new is appended.
@@ -370,15 +374,7 @@ def test_a_file_damaged_inside_a_data_page_is_named_and_nothing_is_written(
     out = make_export(tmp_path)
     table = tmp_path / "table"
     victim = max((p for p in out.rglob("*.parquet")), key=lambda p: p.stat().st_size)
-    column = (
-        pq.ParquetFile(victim)
-        .metadata.row_group(0)
-        .column(pq.read_schema(victim).get_field_index("message_id"))
-    )
-    data = bytearray(victim.read_bytes())
-    start = column.data_page_offset + 8
-    data[start : start + 64] = bytes(range(64))  # its compressed page, garbled
-    victim.write_bytes(bytes(data))
+    garble(victim, "message_id")
     pq.read_schema(victim)  # the footer still reads
 
     assert main(["--input", str(out), "--output", str(table)]) == 2
@@ -399,10 +395,12 @@ def test_a_first_run_killed_before_it_recorded_its_state_is_finished_by_the_next
     table = tmp_path / "table"
     real_write_state = ingest_module.write_state
 
-    def die_after_the_writes(fs: TableFS, state: ingest_module.TableState) -> None:
+    def die_after_the_writes(
+        fs: TableFS, state: ingest_module.TableState
+    ) -> ingest_module.TableState:
         if state.version > 0:
             raise KeyboardInterrupt("killed")
-        real_write_state(fs, state)
+        return real_write_state(fs, state)
 
     monkeypatch.setattr(ingest_module, "write_state", die_after_the_writes)
     with pytest.raises(KeyboardInterrupt):
@@ -415,6 +413,35 @@ def test_a_first_run_killed_before_it_recorded_its_state_is_finished_by_the_next
     assert (summary.rows_read, summary.rows_appended, summary.rows_in_table) == (120, 0, 120)
     assert summary.table_version == 1
     assert table_counts(spark, table) == EXPECTED
+
+
+def test_reports_follow_rows_a_killed_run_appended_without_recording_them(
+    spark: SparkSession, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The next run appends nothing (the rows are there), but the files were not in its
+    ingest log: the table's version moves and the reports count the rows."""
+    out = make_export(tmp_path)
+    table = tmp_path / "table"
+    ingest(spark, out, table)
+    with stores(tmp_path) as (queues, topics):
+        fill(queues, topics, 100, 4)
+    export(tmp_path / "data", out, Options())
+    real_write_state = ingest_module.write_state
+
+    def die_after_the_writes(
+        fs: TableFS, state: ingest_module.TableState
+    ) -> ingest_module.TableState:
+        raise KeyboardInterrupt("killed")
+
+    monkeypatch.setattr(ingest_module, "write_state", die_after_the_writes)
+    with pytest.raises(KeyboardInterrupt):
+        ingest(spark, out, table)
+    monkeypatch.setattr(ingest_module, "write_state", real_write_state)
+    assert sum(int(r["messages"]) for r in read_report(table, "per_minute")) == 120
+
+    summary = ingest(spark, out, table)
+    assert (summary.rows_appended, summary.rows_in_table, summary.table_version) == (0, 132, 2)
+    assert sum(int(r["messages"]) for r in read_report(table, "per_minute")) == 132
 
 
 def test_a_damaged_update_file_is_refused_before_any_row_is_appended(
@@ -430,15 +457,7 @@ def test_a_damaged_update_file_is_refused_before_any_row_is_appended(
         fill(queues, topics, 100, 4)
     export(tmp_path / "data", out, Options())
     victim = max((out / "_updates").rglob("*.parquet"), key=lambda p: p.stat().st_size)
-    column = (
-        pq.ParquetFile(victim)
-        .metadata.row_group(0)
-        .column(pq.read_schema(victim).get_field_index("message_id"))
-    )
-    data = bytearray(victim.read_bytes())
-    start = column.data_page_offset + 8
-    data[start : start + 32] = bytes(range(32))
-    victim.write_bytes(bytes(data))
+    garble(victim, "message_id")
 
     assert main(["--input", str(out), "--output", str(table)]) == 2
     err = capsys.readouterr().err.strip()
