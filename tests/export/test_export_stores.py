@@ -460,11 +460,11 @@ def garble(path: Path, column: str = "seq") -> None:
     path.write_bytes(bytes(data))
 
 
-def test_a_row_file_an_interrupted_run_did_not_record_is_adopted(
+def interrupted_export(
     stores: tuple[Path, MessageStore, TopicStore], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """An ingest may take in a row file its run did not record (killed before the manifest):
-    the next run keeps it as it is and writes the outcomes found since as updates."""
+) -> Path:
+    """Ten messages of each kind, then an export killed after renaming its first row file
+    into place, before recording it; its --out."""
     data, queues, topics = stores
     fill(queues, topics, 0, 10)
     out = tmp_path / "out"
@@ -472,6 +472,16 @@ def test_a_row_file_an_interrupted_run_did_not_record_is_adopted(
     with pytest.raises(Killed):
         export(data, out, Options())
     monkeypatch.undo()
+    return out
+
+
+def test_a_row_file_an_interrupted_run_did_not_record_is_adopted(
+    stores: tuple[Path, MessageStore, TopicStore], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An ingest may take in a row file its run did not record (killed before the manifest):
+    the next run keeps it as it is and writes the outcomes found since as updates."""
+    data, queues, _ = stores
+    out = interrupted_export(stores, tmp_path, monkeypatch)
     first = out / "p2p-0" / "seg-00000001.parquet"
     taken_in = first.read_bytes()  # what an ingest read meanwhile
     assert "p2p-0/seg-00000001" not in json.loads((out / MANIFEST_NAME).read_text())["segments"]
@@ -502,13 +512,8 @@ def test_an_unrecorded_row_file_that_cannot_be_adopted_is_refused(
     monkeypatch: pytest.MonkeyPatch,
     case: str,
 ) -> None:
-    data, queues, topics = stores
-    fill(queues, topics, 0, 10)
-    out = tmp_path / "out"
-    kill_before_recording_a_file(monkeypatch)
-    with pytest.raises(Killed):
-        export(data, out, Options())
-    monkeypatch.undo()
+    data = stores[0]
+    out = interrupted_export(stores, tmp_path, monkeypatch)
     bad = out / "p2p-0" / "seg-00000001.parquet"
     if case == "damaged":
         garble(bad)
