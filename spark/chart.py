@@ -296,15 +296,14 @@ def reports_from_records(
             where,
             name,
         )
-    _check_totals(
-        parsed["outcomes"],
-        Path(source) / "outcomes",
-        parsed["per_minute"],
-        Path(source) / "per_minute",
-    )
-    _check_totals(
-        parsed["outcomes"], Path(source) / "outcomes", parsed["sizes"], Path(source) / "sizes"
-    )
+    return _checked(parsed, {name: Path(source) / name for name in _ROW_TYPES})
+
+
+def _checked(parsed: Mapping[str, Sequence[Any]], where: Mapping[str, Path]) -> Reports:
+    """The reports parsed by name, once the other two agree with the outcomes' totals;
+    `where` names each one's source for the error."""
+    for other in ("per_minute", "sizes"):
+        _check_totals(parsed["outcomes"], where["outcomes"], parsed[other], where[other])
     return Reports(tuple(parsed["per_minute"]), tuple(parsed["sizes"]), tuple(parsed["outcomes"]))
 
 
@@ -312,12 +311,11 @@ def load_reports(reports_dir: Path) -> Reports:
     """The three reports under `reports_dir` (TABLE/_reports); ChartError naming a bad file."""
     if not reports_dir.is_dir():
         raise ChartError(reports_dir, "no reports directory (run python -m spark.ingest first)")
-    per_minute, per_minute_file = _load(reports_dir, "per_minute", MinuteRow)
-    sizes, sizes_file = _load(reports_dir, "sizes", SizeRow)
-    outcomes, outcomes_file = _load(reports_dir, "outcomes", OutcomeRow)
-    _check_totals(outcomes, outcomes_file, per_minute, per_minute_file)
-    _check_totals(outcomes, outcomes_file, sizes, sizes_file)
-    return Reports(tuple(per_minute), tuple(sizes), tuple(outcomes))
+    parsed: dict[str, Sequence[Any]] = {}
+    where: dict[str, Path] = {}
+    for name, row_type in _ROW_TYPES.items():
+        parsed[name], where[name] = _load(reports_dir, name, row_type)
+    return _checked(parsed, where)
 
 
 # --- what to draw (no matplotlib) --------------------------------------------------------

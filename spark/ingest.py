@@ -228,10 +228,16 @@ def _state_name(serial: int) -> str:
 _STATE_FILE: Final = re.compile(r"/state-(\d{8})\.json$")
 
 
+def _state_files(fs: TableFS) -> list[tuple[int, str]]:
+    """The table's state files, (serial, name), oldest first."""
+    found = ((_STATE_FILE.search(e.name), e.name) for e in fs.list(STATE_DIR))
+    return sorted((int(m.group(1)), name) for m, name in found if m is not None)
+
+
 def read_state(fs: TableFS) -> TableState:
     """The table's newest state; a table with data but no state (made by an earlier version
     of the job) or of another schema version is refused."""
-    states = [e.name for e in fs.list(STATE_DIR) if _STATE_FILE.search(e.name)]
+    states = _state_files(fs)
     if not states:
         if _has_data(fs):
             raise IngestError(
@@ -241,7 +247,7 @@ def read_state(fs: TableFS) -> TableState:
                 " row), then remove this one",
             )
         return TableState()
-    name = states[-1]
+    serial, name = states[-1]
     try:
         data = json.loads(fs.read_text(name))
         if data.get("format") != STATE_FORMAT:
@@ -252,12 +258,8 @@ def read_state(fs: TableFS) -> TableState:
                 f"table schema version {data.get('schema_version')!r} unknown (this job"
                 f" writes {TABLE_SCHEMA_VERSION})",
             )
-        serial = _STATE_FILE.search(name)
-        assert serial is not None
         return TableState(
-            int(data["version"]),
-            {str(k): int(v) for k, v in data["ingested"].items()},
-            int(serial.group(1)),
+            int(data["version"]), {str(k): int(v) for k, v in data["ingested"].items()}, serial
         )
     except (ValueError, KeyError, TypeError, AttributeError) as exc:
         raise IngestError(fs.child(name), f"damaged table state ({exc})") from None
@@ -268,8 +270,7 @@ def write_state(fs: TableFS, state: TableState) -> TableState:
     then drop all but the newest two; `state` with its new serial."""
     written = replace(state, serial=state.serial + 1)
     fs.create_text(_state_name(written.serial), written.to_json())
-    states = [e.name for e in fs.list(STATE_DIR) if _STATE_FILE.search(e.name)]
-    for old in states[:-2]:
+    for _, old in _state_files(fs)[:-2]:
         fs.delete(old)
     return written
 
@@ -396,15 +397,16 @@ def typed(frame: DataFrame) -> DataFrame:
     return frame.select(*columns)
 
 
-def _row_schema() -> str:
-    return ", ".join(f"{c.name} {c.type}" for c in TABLE_COLUMNS if c.name != "day")
+def _schema(*, day: bool = True) -> str:
+    """The table's columns as Spark's DDL schema string (`day` false: as the export's row
+    files hold them, before the job derives the day)."""
+    return ", ".join(f"`{c.name}` {c.type}" for c in TABLE_COLUMNS if day or c.name != "day")
 
 
 def _read_table(spark: SparkSession, fs: TableFS) -> DataFrame:
     """The table, its partition columns typed as the table says (not inferred from the
     folder names, where a destination named like a number would come back a number)."""
-    schema = ", ".join(f"`{c.name}` {c.type}" for c in TABLE_COLUMNS)
-    return spark.read.schema(schema).parquet(fs.uri)
+    return spark.read.schema(_schema()).parquet(fs.uri)
 
 
 def _read_updates(spark: SparkSession, uris: list[str]) -> DataFrame:
@@ -415,7 +417,7 @@ def _read_rows(spark: SparkSession, uris: list[str]) -> DataFrame:
     from pyspark.sql import functions as F
 
     # By name, with the table's types; the body is not read.
-    rows = spark.read.schema(_row_schema()).parquet(*uris)
+    rows = spark.read.schema(_schema(day=False)).parquet(*uris)
     return rows.withColumn("day", F.to_date("timestamp"))
 
 
