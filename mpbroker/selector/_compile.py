@@ -472,9 +472,10 @@ def _is_null(operand: Node, negated: bool) -> Cond:
 def like_matcher(pattern: str, escape: str | None) -> Callable[[str], bool]:
     """Whether a text matches LIKE `pattern`: ``%`` any run of characters, ``_`` any one.
 
-    The escape character makes the next character literal, whatever it is; at the very
-    end of the pattern it is an ordinary character (a wildcard if it is ``%`` or ``_``), as
-    ActiveMQ and Artemis read it. Plain patterns become string tests (``==``, startswith,
+    The escape character makes the next character literal when that is ``%``, ``_`` or the
+    escape character itself; anywhere else (before another character, or at the very end)
+    it is an ordinary character of the pattern, a wildcard if it is ``%`` or ``_``: ActiveMQ
+    and Artemis read it so (``'_D7xl__' ESCAPE '_'`` matches ``XD7xl_``). Plain patterns become string tests (``==``, startswith,
     ``in``); the rest a regular expression of `re.escape`d literals, whose ``%`` after the
     first are atomic lazy groups: each run between two ``%`` has a fixed length, so its
     leftmost place is always right, and no pattern can make the match backtrack badly.
@@ -484,7 +485,7 @@ def like_matcher(pattern: str, escape: str | None) -> Callable[[str], bool]:
     i = 0
     while i < len(pattern):
         char = pattern[i]
-        if char == escape and i + 1 < len(pattern):
+        if char == escape and i + 1 < len(pattern) and pattern[i + 1] in ("%", "_", escape):
             runs[-1].append(pattern[i + 1])
             i += 2
             continue

@@ -135,6 +135,39 @@ def test_topic_fan_out_with_selectors_stomp_py_and_our_client(broker: BrokerProc
         listener_conn.disconnect()
 
 
+def test_an_escape_that_is_a_wildcard_reads_as_activemq_reads_it_stomp_py(
+    broker: BrokerProcess,
+) -> None:
+    """`'_D7xl__' ESCAPE '_'`: the first `_` is a wildcard (it escapes only %, _ or itself),
+    the last two one literal `_`, as in ActiveMQ's own selector tests."""
+    received: list[str] = []
+    done = threading.Event()
+    subscribed = threading.Event()
+
+    class Listener(stomp.ConnectionListener):  # type: ignore[misc]
+        def on_message(self, frame: stomp.utils.Frame) -> None:
+            received.append(frame.body)
+            if frame.body == "last":
+                done.set()
+
+        def on_receipt(self, frame: stomp.utils.Frame) -> None:
+            subscribed.set()
+
+    conn = stomp.Connection12([(broker.host, broker.port)])
+    conn.set_listener("l", Listener())
+    conn.connect(wait=True)
+    try:
+        selector = "name LIKE '_D7xl__' ESCAPE '_' OR name = 'last' OR name LIKE 'a!b' ESCAPE '!'"
+        conn.subscribe("/queue/escapes", id="1", headers={"selector": selector, "receipt": "s"})
+        assert subscribed.wait(10)
+        for name in ("XD7xl_", "D7xl_", "XD7xlY", "_D7xl_", "ab", "a!b", "last"):
+            conn.send("/queue/escapes", name, headers={"name": name})
+        assert done.wait(10)
+        assert received == ["XD7xl_", "_D7xl_", "a!b", "last"]
+    finally:
+        conn.disconnect()
+
+
 @pytest.mark.slow
 def test_a_durable_subscription_keeps_its_selector_across_a_restart_and_a_new_one_replaces_it(
     start_broker: type[BrokerProcess], raw: RawFactory

@@ -192,7 +192,8 @@ def like(text: str, pattern: str, escape: str | None) -> bool:
     i = 0
     while i < len(pattern):
         c = pattern[i]
-        if c == escape and i + 1 < len(pattern):
+        # ActiveMQ's reading: the escape escapes only %, _ and itself.
+        if c == escape and i + 1 < len(pattern) and pattern[i + 1] in "%_" + c:
             parts.append(("char", pattern[i + 1]))
             i += 2
             continue

@@ -374,7 +374,11 @@ def test_between_in_and_is_null(text: str, headers: dict[str, str], expected: bo
         ("a!_b", "!", "a_b", True),
         ("a!_b", "!", "axb", False),
         ("a!!b", "!", "a!b", True),
-        ("a!b", "!", "ab", True),  # an escaped ordinary character is itself
+        # The escape escapes only %, _ and itself (ActiveMQ): before anything else it is an
+        # ordinary character of the pattern.
+        ("a!b", "!", "a!b", True),
+        ("a!b", "!", "ab", False),
+        ("a!!!b", "!", "a!!b", True),
         ("ab!", "!", "ab!", True),  # at the very end: an ordinary character
         ("\\%%", "\\", "%off", True),
         ("\\%%", "\\", "off", False),
@@ -384,8 +388,14 @@ def test_between_in_and_is_null(text: str, headers: dict[str, str], expected: bo
         ("10%%", "%", "10%", True),
         ("10%%", "%", "10", False),
         ("10%%", "%", "10%x", False),
-        ("%a", "%", "a", True),  # %a is a literal a
-        ("%a", "%", "ba", False),
+        ("%a", "%", "a", True),  # before an ordinary character: the wildcard
+        ("%a", "%", "ba", True),
+        ("%a", "%", "b", False),
+        ("_D7xl__", "_", "XD7xl_", True),  # ActiveMQ's SelectorTest
+        ("_D7xl__", "_", "XD7xlY", False),
+        ("_D7xl__", "_", "D7xl_", False),
+        ("10%%x", "%", "10%x", True),
+        ("10%%x", "%", "10x", False),
         ("a%", "%", "abc", True),  # at the end: the wildcard
         ("a__b", "_", "a_b", True),
         ("a__b", "_", "axb", False),
