@@ -10,7 +10,14 @@ Pipelines build them too: the `Refuse` record carries `message` and `detail` to 
 
 from __future__ import annotations
 
-__all__ = ["AuthenticationFailed", "LimitReached", "MessageTooLarge", "NeverFits", "Refusal"]
+__all__ = [
+    "AuthenticationFailed",
+    "LimitReached",
+    "MessageTooLarge",
+    "NeverFits",
+    "Refusal",
+    "UnsupportedHeader",
+]
 
 
 class Refusal(Exception):
@@ -101,4 +108,21 @@ class ReceiptInDoubt(Refusal):
             "The frames it covers (a SEND, an ACK, a COMMIT's messages, or for a DISCONNECT "
             "everything before it) may or may not have been handled. Send again what must "
             "arrive; a message sent again may then arrive twice.",
+        )
+
+
+class UnsupportedHeader(Refusal):
+    """A header another broker honours and mpbroker does not (yet), on a `command` frame:
+    refused by name, so that nothing the client counts on is silently ignored
+    (docs/headers.md). `reason` says what the header asks for."""
+
+    def __init__(self, command: str, header: str, reason: str) -> None:
+        self.command = command
+        self.header = header
+        self.reason = reason
+        shown = header if len(header) <= 100 else header[:100] + "..."
+        super().__init__(
+            f"unsupported header {shown} on {command}: {reason}",
+            f"Nothing of the {command} took effect. docs/headers.md lists the headers "
+            "mpbroker reads and what it does with each.",
         )

@@ -12,7 +12,15 @@ import zlib
 from dataclasses import dataclass
 from typing import Literal
 
-__all__ = ["QUEUE_PREFIX", "TOPIC_PREFIX", "Topology", "UnknownDestination", "parse_destination"]
+__all__ = [
+    "QUEUE_PREFIX",
+    "TOPIC_PREFIX",
+    "Topology",
+    "UnknownDestination",
+    "UnsupportedDestination",
+    "check_client_destination",
+    "parse_destination",
+]
 
 QUEUE_PREFIX = "/queue/"
 TOPIC_PREFIX = "/topic/"
@@ -23,9 +31,55 @@ DestinationKind = Literal["queue", "topic"]
 class UnknownDestination(ValueError):
     """A destination that is neither /queue/NAME nor /topic/NAME."""
 
-    def __init__(self, destination: str) -> None:
+    def __init__(self, destination: str, message: str = "") -> None:
         self.destination = destination
-        super().__init__(f"unknown destination {destination!r}: use /queue/NAME or /topic/NAME")
+        super().__init__(
+            message or f"unknown destination {destination!r}: use /queue/NAME or /topic/NAME"
+        )
+
+
+class UnsupportedDestination(UnknownDestination):
+    """A destination of a kind ActiveMQ, Artemis or RabbitMQ clients use and mpbroker does
+    not have (yet): temporary, wildcard, composite, with options, or RabbitMQ's exchanges.
+    Refused by name, not taken as a literal name that nothing else would ever reach."""
+
+    def __init__(self, destination: str, what: str) -> None:
+        self.what = what
+        super().__init__(destination, f"{what}: {destination!r}")
+
+
+# Destination kinds of other brokers, by prefix: what to tell their users.
+_OTHER_KINDS = (
+    ("/temp-queue/", "temporary destinations are not supported yet"),
+    ("/temp-topic/", "temporary destinations are not supported yet"),
+    ("/reply-queue/", "temporary destinations are not supported yet"),
+    ("/exchange/", "RabbitMQ exchanges are not supported: use /queue/NAME or /topic/NAME"),
+    ("/amq/queue/", "RabbitMQ's /amq/queue/ is not supported: use /queue/NAME"),
+)
+# Characters that make a name mean more than itself in ActiveMQ (and Artemis): wildcards,
+# a composite destination's list, destination options.
+_SPECIAL_CHARACTERS = (
+    ("*", "wildcard destinations (* and >) are not supported yet"),
+    (">", "wildcard destinations (* and >) are not supported yet"),
+    (",", "composite destinations (a,b) are not supported yet"),
+    ("?", "destination options (?name=value) are not supported"),
+)
+
+
+def check_client_destination(destination: str) -> tuple[DestinationKind, str]:
+    """`parse_destination` for a destination a client names in a SEND or SUBSCRIBE, which
+    also refuses (UnsupportedDestination) what other brokers read as more than a name:
+    ActiveMQ's wildcards (``*``, ``>``), composite destinations (``,``) and destination
+    options (``?``), temporary destinations and RabbitMQ's exchanges. Names already stored
+    (a dead-letter queue, a durable subscription) are not checked again."""
+    for prefix, what in _OTHER_KINDS:
+        if destination.startswith(prefix):
+            raise UnsupportedDestination(destination, what)
+    kind, name = parse_destination(destination)
+    for char, what in _SPECIAL_CHARACTERS:
+        if char in name:
+            raise UnsupportedDestination(destination, what)
+    return kind, name
 
 
 def parse_destination(destination: str) -> tuple[DestinationKind, str]:

@@ -27,10 +27,18 @@ import logging
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from typing import Final
 
 from mpbroker.compression import CorruptBody, compress, decompress
 from mpbroker.config import Config
-from mpbroker.errors import AccessDenied, LimitReached, MessageTooLarge, ReceiptInDoubt, Refusal
+from mpbroker.errors import (
+    AccessDenied,
+    LimitReached,
+    MessageTooLarge,
+    ReceiptInDoubt,
+    Refusal,
+    UnsupportedHeader,
+)
 from mpbroker.records import (
     ACK_AUTO,
     ACK_MODES,
@@ -47,7 +55,13 @@ from mpbroker.records import (
     Unsubscribe,
     message_size,
 )
-from mpbroker.routing import Topology, UnknownDestination, parse_destination
+from mpbroker.routing import (
+    TOPIC_PREFIX,
+    Topology,
+    UnknownDestination,
+    check_client_destination,
+    parse_destination,
+)
 from mpbroker.security import ANONYMOUS, AccessControl
 from mpbroker.selector import SelectorError, compile_selector
 from mpbroker.stomp import (
@@ -63,6 +77,14 @@ from mpbroker.stomp import (
     plain_header_text,
 )
 
+from ._headers import (
+    DROPPED_FROM_SEND,
+    FAMILIES,
+    HONOURED,
+    SEND_ATTENTION,
+    HeaderRule,
+    rule_for,
+)
 from ._state import READING, WRITING, Event, SessionState, SessionStateError, transition
 from ._transactions import TransactionBudget
 
@@ -77,23 +99,10 @@ _LINE_BREAKS_AND_COLONS = re.compile(r"[\r\n:]")
 
 # Headers the broker consumes from a SEND, and headers only the broker may set on a
 # MESSAGE (a producer must not forge an ack id or a redelivered flag, nor make a message
-# look dead-lettered or expired from another queue, which consumers trust); everything
-# else travels with the message.
-_SEND_CONTROL_HEADERS = frozenset(
-    {
-        "destination",
-        "receipt",
-        "content-length",
-        "transaction",
-        "message-id",
-        "subscription",
-        "ack",
-        "redelivered",
-        "JMSXDeliveryCount",
-        "original-destination",
-        "dead-letter-reason",
-        "expired-from",
-    }
+# look dead-lettered or expired from another queue, which consumers trust: the table's
+# "dropped" ones); everything else travels with the message.
+_SEND_CONTROL_HEADERS: Final = (
+    frozenset({"destination", "receipt", "content-length", "transaction"}) | DROPPED_FROM_SEND
 )
 _ARTICLE = {"id": "an"}
 # Access answers a connection remembers (a client sending to ever new destinations
@@ -102,6 +111,24 @@ _PERMITS_REMEMBERED = 1024
 # Destinations whose pipeline a session remembers (every SEND asks; the topology never
 # changes while the broker runs), forgotten all at once beyond this.
 _OWNERS_REMEMBERED = 1024
+# The header table (docs/headers.md), as the SEND path reads it for every header: the names
+# it looks up, and the vendor families it looks up too; any other header is carried.
+_SEND_ATTENTION: Final = SEND_ATTENTION
+_FAMILIES: Final = FAMILIES
+# Per SEND header name, whether it needs that look: asked once per name (clients reuse
+# their names), the answers forgotten all at once beyond _ATTENTION_AT_MOST names.
+_ATTENTION: Final[dict[str, bool]] = {}
+_ATTENTION_AT_MOST: Final = 4096
+# Per other frame, the names it honours whatever their value: no look-up for those (an ACK
+# is as frequent as a SEND).
+_HONOURED: Final = HONOURED
+# A reply-to naming a temporary destination could never be answered.
+_TEMPORARY_PREFIXES = ("/temp-queue/", "/temp-topic/", "/reply-queue/")
+# Header names a connection logs as ignored, at most (a client inventing new names for
+# every frame must not grow the session).
+_NOTED_AT_MOST = 64
+# Artemis' routing types, and the kind of destination each one means.
+_ROUTING_TYPES = {"ANYCAST": "queue", "MULTICAST": "topic"}
 
 
 class SessionError(Refusal):
@@ -124,6 +151,20 @@ class _Subscription:
 
 
 _MESSAGE_LINE = b"MESSAGE\n"
+
+
+def _needs_attention(key: str) -> bool:
+    """Whether the SEND path looks header `key` up in the table (`_ATTENTION`'s answer)."""
+    attention = key in _SEND_ATTENTION or key.startswith(_FAMILIES)
+    if len(_ATTENTION) >= _ATTENTION_AT_MOST:
+        _ATTENTION.clear()
+    _ATTENTION[key] = attention
+    return attention
+
+
+def _durable_flag(headers: dict[str, str]) -> bool:
+    """RabbitMQ's `durable:true`, or its older `persistent:true`, on SUBSCRIBE/UNSUBSCRIBE."""
+    return headers.get("durable") == "true" or headers.get("persistent") == "true"
 
 
 def _message_tail(message: Message, version: str) -> bytes:
@@ -248,6 +289,8 @@ class GatewaySession:
         # (send_every_ms, expect_every_ms), 0 = off; set by CONNECT.
         self._heartbeat = (0, 0)
         self._client_id = ""
+        # The CONNECT's login, checked or not ("" if none).
+        self._login = ""
         #: Who the connection is: set by the shell from the CONNECT's login before the
         #: CONNECT is handed over ("" until then, or with no authentication), with the
         #: user's groups.
@@ -291,6 +334,13 @@ class GatewaySession:
         # but not yet handed to the socket; credited at `data_sent()`.
         self._auto_delivered: dict[int, int] = {}
         self._auto_taken: dict[int, int] = {}
+        #: Lines for the shell to log (a header ignored on purpose, once per connection
+        #: and name); the shell empties it.
+        self.notices: list[str] = []
+        self._noted: set[str] = set()
+        # The SEND `refuses_send` checked last (its headers, destination and permission),
+        # so `_send` need not check them again.
+        self._checked: Frame | None = None
 
     # -- what the shell may read ---------------------------------------------------------
 
@@ -367,18 +417,106 @@ class GatewaySession:
             self._fail(exc.message, exc.detail, frame.headers.get("receipt", ""))
 
     def refuses_send(self, frame: Frame) -> bool:
-        """Whether `frame` is a SEND its user may not write: then its ERROR is said now.
-        The shell asks before flow control may hold the SEND, so that waiting (and the
-        refusal after it) never tells a user about a destination it may not write."""
-        destination = frame.headers.get("destination")
-        if frame.command != "SEND" or not destination or self.access.open:
+        """Whether `frame` is a SEND to be refused whatever flow control says: one whose
+        user may not write its destination, or that names a header or a destination the
+        broker does not support (docs/headers.md). Then its ERROR is said now. The shell
+        asks before flow control may hold the SEND, so that waiting (and the refusal after
+        it) never tells a user about a destination it may not write, and a refused header
+        is named at once rather than after a wait."""
+        if frame.command != "SEND" or self._state is not SessionState.CONNECTED:
             return False
         try:
-            self._permit("write", destination)
+            self._check_send(frame)
         except AccessDenied as exc:
             self._deny(frame, exc)
             return True
+        except Refusal as exc:
+            self._fail(exc.message, exc.detail, frame.headers.get("receipt", ""))
+            return True
+        self._checked = frame
         return False
+
+    def _check_send(self, frame: Frame) -> None:
+        """What refuses a SEND before anything else: a header or destination the broker does
+        not support, or a destination its user may not write."""
+        destination = self._required(frame, "destination")
+        for key in frame.headers:
+            attention = _ATTENTION.get(key)
+            if attention is None:
+                attention = _needs_attention(key)
+            if attention:
+                self._send_header(frame, key)
+        self._permit("write", destination)
+        self._owner(destination)
+
+    def _send_header(self, frame: Frame, key: str) -> None:
+        """One SEND header the table names (or of a vendor family): checked for the values
+        the broker honours, refused, or noted as dropped."""
+        value = frame.headers[key]
+        if key == "reply-to":
+            if value.startswith(_TEMPORARY_PREFIXES):
+                raise UnsupportedHeader("SEND", key, "temporary destinations are not supported yet")
+        elif key == "user-id":
+            # (Without a users file `user` stays empty: the CONNECT's login is who it is.)
+            if value != (self.user or self._login):
+                raise SessionError(
+                    "header user-id must be the connection's login",
+                    "The message was not sent: leave user-id out, or set it to the login "
+                    "the connection was made with.",
+                )
+        elif key == "destination-type":
+            self._routing_type(frame, key)
+        else:
+            rule = rule_for("SEND", key)
+            if rule is not None and rule.treatment not in ("carried", "honoured"):
+                self._judge("SEND", key, value, rule)
+
+    def _judge(self, command: str, key: str, value: str, rule: HeaderRule) -> None:
+        """A header the table refuses, drops or ignores: UnsupportedHeader, or a notice."""
+        if rule.treatment == "refused":
+            if rule.default is None or value.strip().lower() != rule.default:
+                raise UnsupportedHeader(command, key, rule.note)
+            return
+        if rule.treatment == "dropped":
+            self._note(key, f"header {key} dropped from a SEND: {rule.note}")
+        elif rule.treatment == "ignored":
+            self._note(key, f"header {key} on {command} ignored: {rule.note}")
+
+    def _check_headers(self, frame: Frame) -> None:
+        """The headers of a frame other than SEND, against the table: a refused one raises
+        UnsupportedHeader; an ignored one, or one no rule names, is noted once."""
+        command = frame.command
+        honoured = _HONOURED.get(command)
+        for key, value in frame.headers.items():
+            if honoured is not None and key in honoured:
+                continue
+            rule = rule_for(command, key)
+            if rule is None:
+                self._note(key, f"header {key} on {command} ignored: mpbroker does not read it")
+            elif rule.treatment != "honoured":
+                self._judge(command, key, value, rule)
+
+    def _note(self, key: str, line: str) -> None:
+        """Have the shell log `line`, the first time this connection sends `key`."""
+        if key in self._noted or len(self._noted) >= _NOTED_AT_MOST:
+            return
+        self._noted.add(key)
+        self.notices.append(line)
+
+    def _routing_type(self, frame: Frame, key: str) -> None:
+        """Artemis' `destination-type` (SEND) or `subscription-type` (SUBSCRIBE): honoured
+        when it names the kind the destination already is."""
+        value = frame.headers[key]
+        destination = frame.headers.get("destination", "")
+        kind = "topic" if destination.startswith(TOPIC_PREFIX) else "queue"
+        if _ROUTING_TYPES.get(value.strip().upper()) != kind:
+            expected = "MULTICAST" if kind == "topic" else "ANYCAST"
+            raise UnsupportedHeader(
+                frame.command,
+                key,
+                f"a {kind} is {expected} (the /queue/ or /topic/ prefix says which); "
+                f"{value[:40]!r} is not supported",
+            )
 
     def _deny(self, frame: Frame, refusal: AccessDenied) -> None:
         """The ERROR of a frame its user may not send, kept in `denial` for the shell's log."""
@@ -455,8 +593,11 @@ class GatewaySession:
         if self._state is SessionState.AWAITING_CONNECT:
             if command not in ("CONNECT", "STOMP"):
                 raise SessionError(f"expected CONNECT, got {command}")
+            self._check_headers(frame)
             self._connect(frame)
             return
+        if command != "SEND":
+            self._check_headers(frame)
         # A chain of tests, not a table of methods: mypyc compiles this module, and calls
         # methods of its compiled classes directly (docs/benchmarks.md).
         if command == "SEND":
@@ -501,7 +642,11 @@ class GatewaySession:
         # STOMP 1.0 has no heart-beating: whatever such a client sends is not negotiated.
         self._heartbeat = negotiate_heartbeat(client_hb, server_hb) if version != "1.0" else (0, 0)
         self._client_id = frame.headers.get("client-id", "")
+        self._login = frame.headers.get("login", "")
         headers = {"version": version, "server": BROKER_NAME, "session": f"session-{self.conn}"}
+        request_id = frame.headers.get("request-id")
+        if request_id is not None:
+            headers["response-id"] = request_id  # as ActiveMQ answers it
         # Always there, "0,0" for a 1.0 client (which cannot heart-beat): some 1.0 clients
         # (RabbitMQ's tests among them) read it from every CONNECTED.
         headers["heart-beat"] = f"{server_hb[0]},{server_hb[1]}" if version != "1.0" else "0,0"
@@ -511,7 +656,11 @@ class GatewaySession:
 
     def _send(self, frame: Frame, now_ms: int) -> None:
         headers = frame.headers
-        destination = self._required(frame, "destination")
+        if frame is not self._checked:
+            self._check_send(frame)  # (a SEND in a transaction, which flow control skips)
+        self._checked = None
+        destination = headers["destination"]
+        # Again: a reload may have changed the permissions while flow control held it.
         self._permit("write", destination)
         limit = self._max_message_bytes
         if 0 <= limit < len(frame.body):
@@ -524,6 +673,9 @@ class GatewaySession:
         expires = self._int_header(frame, "expires", 0, minimum=0)
         if not expires:
             ttl = self._int_header(frame, "ttl", 0, minimum=0)
+            if not ttl:
+                # RabbitMQ's per-message TTL, in ms.
+                ttl = self._int_header(frame, "expiration", 0, minimum=0)
             expires = now_ms + ttl if ttl else 0
         body = frame.body
         encoding = ""
@@ -567,6 +719,14 @@ class GatewaySession:
         if sub_id in self._subs_by_id:
             raise SessionError(f"subscription id {sub_id!r} is already in use")
         pipeline = self._owner(destination)
+        if "#" in destination and destination.startswith(TOPIC_PREFIX):
+            # RabbitMQ's wildcard for any number of words: taken literally, it would
+            # subscribe to a topic nobody publishes to.
+            raise UnsupportedHeader(
+                "SUBSCRIBE", "destination", "wildcard destinations (#) are not supported yet"
+            )
+        if "subscription-type" in headers:
+            self._routing_type(frame, "subscription-type")
         self._permit("read", destination)
         ack_name = headers.get("ack", "auto")
         if ack_name not in ACK_MODES:
@@ -586,6 +746,17 @@ class GatewaySession:
             + b"subscription:%s\n" % escape_header_value(sub_id, self._version).encode()
         )
         durable = self._durable_name(frame, kind, sub_id)
+        for flag in ("auto-delete", "exclusive"):
+            value = headers.get(flag)
+            # RabbitMQ's flags of a subscription's queue: a plain topic subscription is
+            # both, a durable one or a queue's neither; asking otherwise is refused.
+            if value is not None and (value.lower() == "true") != (kind == "topic" and not durable):
+                raise UnsupportedHeader(
+                    "SUBSCRIBE",
+                    flag,
+                    f"{flag}:{value[:10]} asks for a subscription queue mpbroker does not "
+                    "make (a topic subscription is auto-delete and exclusive unless durable)",
+                )
         if durable:
             # Creating, taking over or replacing a durable subscription: RabbitMQ's
             # `configure` on the queue that holds it.
@@ -643,12 +814,19 @@ class GatewaySession:
     def _durable_name(self, frame: Frame, kind: str, sub_id: str) -> str:
         """The durable subscription a SUBSCRIBE asks for, as "<client-id>/<name>", or "".
 
-        ActiveMQ's `activemq.subscriptionName` and Artemis' `durable-subscription-name` need
-        the connection's `client-id`; RabbitMQ's `durable:true` names it by the `id`.
+        ActiveMQ's `activemq.subscriptionName` and Artemis' `durable-subscription-name` (or
+        its older `durable-subscriber-name`) need the connection's `client-id`; RabbitMQ's
+        `durable:true` (or `persistent:true`) names it by the `id`.
         """
         headers = frame.headers
-        name = headers.get("activemq.subscriptionName") or headers.get("durable-subscription-name")
-        if name is None and headers.get("durable") == "true":
+        name = (
+            headers.get("activemq.subscriptionName")
+            or headers.get("durable-subscription-name")
+            or headers.get("durable-subscriber-name")
+            # ActiveMQ 4's misspelling, which some clients (NMS.Stomp) still send.
+            or headers.get("activemq.subcriptionName")
+        )
+        if name is None and _durable_flag(headers):
             name = sub_id
         if name is None:
             return ""
@@ -671,10 +849,18 @@ class GatewaySession:
         if sub is None:
             raise SessionError(f"no subscription with id {sub_id!r}")
         headers = frame.headers
+        client_id = headers.get("client-id")
+        if client_id is not None and client_id != self._client_id:
+            # Artemis names the durable subscription to remove by it: another one's cannot be.
+            raise UnsupportedHeader(
+                "UNSUBSCRIBE", "client-id", "it must be this connection's client-id"
+            )
         remove = bool(sub.durable) and (
             "activemq.subscriptionName" in headers
             or "durable-subscription-name" in headers
-            or headers.get("durable") == "true"
+            or "durable-subscriber-name" in headers
+            or "activemq.subcriptionName" in headers
+            or _durable_flag(headers)
         )
         if remove:
             self._permit("admin", sub.destination)
@@ -1040,6 +1226,8 @@ class GatewaySession:
         if owner is not None:
             return owner
         try:
+            # Checked once per destination, as the answer is then remembered.
+            check_client_destination(destination)
             owner = self.topology.owner(destination)
         except UnknownDestination as exc:
             raise SessionError(str(exc)) from None

@@ -738,7 +738,8 @@ class Gateway:
                     self._log_denial(conn)
                     continue
                 if stopped != RUN_SHELL:
-                    if stopped == RUN_REFUSED:
+                    # (A SEND refused for its headers or destination is no denial.)
+                    if stopped == RUN_REFUSED and session.denial:
                         self._log_denial(conn)
                     break
                 frame = frames[at]
@@ -749,7 +750,8 @@ class Gateway:
                     break
                 if flow_controlled(session.state, frame):
                     if session.refuses_send(frame):
-                        self._log_denial(conn)
+                        if session.denial:
+                            self._log_denial(conn)
                         break
                     if not self.admission.admits_at_once(
                         frame, self.control.memwatch_level, conn.pacer
@@ -772,6 +774,8 @@ class Gateway:
                 if session.denial:
                     self._log_denial(conn)
                 parser.version = session.version  # CONNECT may have changed it
+            if session.notices:
+                self._log_notices(conn)
             # A SEND may have discarded other connections' transactions: they say so now.
             self.check_transactions(now)
             self.slot.add_counter(GATEWAY_FRAMES_IN, len(frames))
@@ -802,6 +806,21 @@ class Gateway:
         )
         conn.close_with(CLOSE_TOO_BIG if isinstance(exc, FrameTooLarge) else CLOSE_PROTOCOL_ERROR)
         conn.session.frame_error(exc)
+
+    def _log_notices(self, conn: _Connection) -> None:
+        """Headers the session ignored on purpose (each once per connection): a line per
+        address in 10 s, then a count."""
+        for line in conn.session.notices:
+            log_collapsed(
+                log,
+                logging.INFO,
+                "header ignored",
+                conn.peer,
+                "%s, from %s",
+                client_text(line),
+                conn.peer,
+            )
+        conn.session.notices.clear()
 
     def _log_denial(self, conn: _Connection) -> None:
         """The session refused a frame for its user's permissions: a line per address in
