@@ -103,6 +103,11 @@ elif [[ ! -x "$venv/bin/python" ]]; then
     echo "made the venv $venv"
 fi
 
+# From here on, run in / and name every path in full: Python puts the working directory on
+# sys.path, and in the checkout's root (where the docs run this script) that would be the
+# checkout's own mpbroker/ package (and its egg-info), not the one installed into the venv.
+cd /
+
 # pip builds a source tree in place (build/, *.egg-info), so build from a copy: the checkout
 # stays as it was, and root-owned files never land in a user's checkout. The copy leaves out
 # what .gitignore names and the git history.
@@ -116,8 +121,9 @@ tar -C "$checkout" --exclude=./.git --exclude=./.venv --exclude=./build --exclud
 # upgrades; dependencies are upgraded only when the new version needs it.
 echo "installing mpbroker${extras:+[$extras]} from $checkout into $venv"
 "$venv/bin/python" -m pip install --quiet --disable-pip-version-check "$src${extras:+[$extras]}"
-# pip hides the build's output: say whether the hot modules were compiled (docs/operations.md).
-echo "installed $("$venv/bin/python" -m mpbroker --version)"
+# pip hides the build's output: say whether the hot modules were compiled (docs/operations.md),
+# asking the installed package (-I: and not one PYTHONPATH or the user's site-packages name).
+echo "installed $("$venv/bin/python" -I -m mpbroker --version)"
 
 if $staged; then
     # The tree under ROOT is copied to / later: its scripts must name PREFIX, not ROOT+PREFIX.

@@ -43,17 +43,19 @@ NOT_SOURCE = shutil.ignore_patterns(
 )
 
 
-def run(*argv: str | Path, timeout: float = RUN_TIMEOUT_S, **env: str) -> str:
-    """Run a command to its end in the test's own environment plus `env`, in / (so that
-    `python -c` cannot import the checkout's package from the working directory); its stdout,
-    or a failure with both outputs if it exits non-zero."""
+def run(
+    *argv: str | Path, timeout: float = RUN_TIMEOUT_S, cwd: Path | str = "/", **env: str
+) -> str:
+    """Run a command to its end in the test's own environment plus `env`, in `cwd` (by
+    default /, so that `python -c` cannot import the checkout's package from the working
+    directory); its stdout, or a failure with both outputs if it exits non-zero."""
     result = subprocess.run(
         [str(arg) for arg in argv],
         capture_output=True,
         text=True,
         timeout=timeout,
         env={**os.environ, **env},
-        cwd="/",
+        cwd=cwd,
     )
     assert result.returncode == 0, (
         f"{argv} exited {result.returncode}\n{result.stdout}\n{result.stderr}"
@@ -209,8 +211,10 @@ def carry_messages(port: int) -> None:
 
 @pytest.mark.slow
 def test_install_sh_into_a_root(tmp_path: Path) -> None:
-    """install.sh --root: the venv runs, the units name the prefix, the config is there
-    (0640); a second run (an upgrade) keeps a config the user edited."""
+    """install.sh --root, run in the checkout's root as the docs say: the venv runs, the
+    units name the prefix, the config is there (0640), the script reports the compiled
+    modules it installed (not the checkout's pure-Python package, which a Python started in
+    the checkout would import); a second run (an upgrade) keeps a config the user edited."""
     root = tmp_path / "root"
     # Not the default prefix, so that its substitution in the units shows.
     prefix = "/usr/local/mpbroker"
@@ -227,6 +231,7 @@ def test_install_sh_into_a_root(tmp_path: Path) -> None:
             "--prefix",
             prefix,
             timeout=INSTALL_TIMEOUT_S,
+            cwd=CHECKOUT,
             PYTHON=sys.executable,
             **env,
         )
@@ -268,6 +273,7 @@ def test_install_sh_into_a_root(tmp_path: Path) -> None:
     # upgrade leaves none of the old compiled modules behind to shadow the new sources.
     out = install("second run", MPBROKER_PURE="1")
     assert f"kept the config {config}" in out, out
+    assert "installed mpbroker 0.1.0, pure Python (hot modules not compiled)" in out, out
     assert config.read_text(encoding="utf-8") == edited
     assert run(venv / "bin" / "python", mpbroker, "--version").startswith(
         "mpbroker 0.1.0, pure Python"
