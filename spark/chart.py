@@ -39,6 +39,7 @@ __all__ = [
     "OutcomeRow",
     "Reports",
     "SizeRow",
+    "chart_title",
     "load_reports",
     "main",
     "render",
@@ -330,8 +331,7 @@ class Grouping:
 
     @property
     def other_label(self) -> str:
-        k = len(self.others)
-        return f"other ({k} destination{'s' if k != 1 else ''})"
+        return f"other ({_counted(len(self.others), 'destination')})"
 
     @property
     def labels(self) -> tuple[str, ...]:
@@ -339,6 +339,25 @@ class Grouping:
 
     def label_of(self, destination: str) -> str:
         return self.other_label if destination in self.others else destination
+
+
+def _counted(n: int, noun: str) -> str:
+    """'1 message', '2 messages', '1,000 messages'."""
+    return f"{n:,} {noun}{'' if n == 1 else 's'}"
+
+
+def chart_title(reports: Reports, title: str) -> str:
+    """The chart's heading: `title`, then the messages, the destinations and the minutes
+    the reports cover."""
+    totals = reports.destinations()
+    minutes = [row.minute for row in reports.per_minute]
+    span = (
+        f", {min(minutes):%Y-%m-%d %H:%M} to {max(minutes):%Y-%m-%d %H:%M} UTC" if minutes else ""
+    )
+    return (
+        f"{title}\n{_counted(sum(totals.values()), 'message')}, "
+        f"{_counted(len(totals), 'destination')}{span}"
+    )
 
 
 def top_destinations(reports: Reports, limit: int = TOP_DESTINATIONS) -> Grouping:
@@ -559,7 +578,7 @@ def _draw_latency(
     ax.set_ylabel(unit)
     ax.grid(alpha=0.3)
     handles = [Line2D([], [], color="0.2", ls=style, label=attr) for attr, style in styles]
-    note = f" ({folded} other destinations not shown)" if folded else ""
+    note = f" ({_counted(folded, 'other destination')} not shown)" if folded else ""
     ax.legend(
         handles=handles,
         title=f"percentile{note}",
@@ -645,18 +664,9 @@ def render(reports: Reports, out: Path, title: str) -> None:
         _draw_sizes(ax_sizes, *sizes_by_bucket(reports, grouping), colors)
         _draw_outcomes(ax_out, outcomes_by_destination(reports, grouping))
 
-        totals = reports.destinations()
-        minutes = [row.minute for row in reports.per_minute]
-        span = (
-            f", {min(minutes):%Y-%m-%d %H:%M} to {max(minutes):%Y-%m-%d %H:%M} UTC"
-            if minutes
-            else ""
-        )
-        fig.suptitle(
-            f"{_escape(title)}\n{sum(totals.values()):,} messages, {len(totals)} destinations{span}",
-            fontsize="large",
-        )
+        fig.suptitle(_escape(chart_title(reports, title)), fontsize="large")
         if grouping.labels:
+            totals = reports.destinations()
             handles = [Patch(color=colors[label], label=_text(label)) for label in grouping.labels]
             legend_title = (
                 f"destinations: top {len(grouping.top)} of {len(totals)}\nby messages"

@@ -15,6 +15,7 @@ from matplotlib.image import imread
 
 from spark.chart import (
     ChartError,
+    chart_title,
     latency_per_minute,
     load_reports,
     main,
@@ -131,6 +132,28 @@ def test_quoted_destination_as_spark_escapes_it(tmp_path: Path) -> None:
     )
     reports = load_reports(tmp_path / "_reports")
     assert reports.destinations() == {'/queue/odd,"name"': 2}
+
+
+def test_the_title_counts_messages_and_destinations_in_words(tmp_path: Path) -> None:
+    """The heading under the title: singular for one (one message, one destination), and
+    the minutes the reports cover."""
+    one = tmp_path / "one"
+    write_reports(
+        one,
+        ["/queue/a,1970-01-01T00:16:00.000Z,1,225,1,5,5,5"],
+        ["/queue/a,<1024,1,225"],
+        ["/queue/a,1,225,1,0,0,0,0,0,0"],
+    )
+    assert chart_title(load_reports(one / "_reports"), "orders") == (
+        "orders\n1 message, 1 destination, 1970-01-01 00:16 to 1970-01-01 00:16 UTC"
+    )
+    write_reports(tmp_path / "three")
+    assert chart_title(load_reports(tmp_path / "three" / "_reports"), "") == (
+        "\n120 messages, 3 destinations, 1970-01-01 00:16 to 1970-01-01 00:16 UTC"
+    )
+    many_destinations(tmp_path / "many", 9)
+    grouping = top_destinations(load_reports(tmp_path / "many" / "_reports"))
+    assert grouping.other_label == "other (1 destination)"
 
 
 def test_quiet_destinations_fold_into_other(tmp_path: Path) -> None:
