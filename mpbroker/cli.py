@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import inspect
 import json
 import logging
 import os
@@ -158,9 +159,13 @@ def _check_exposure(config: Config) -> None:
 
 
 def cmd_config_show(args: argparse.Namespace) -> int:
-    """Print every setting with its effective value and what it means, then the memory
-    budget: every module's budget, the theoretical maximum, the fixed cost and the headroom
-    against memory.max_memory (as TOML comments).
+    """Print the effective settings and the memory budget.
+
+    Every setting with its effective value and what it means, as TOML; then, as TOML
+    comments, every module's budget, the theoretical maximum, the fixed cost and the
+    headroom against memory.max_memory, and how many workers of each kind and why. It
+    takes serve's options: each overrides its setting, so that it shows what `mpbroker
+    serve` would run with the same options.
 
     Example: mpbroker config show --config broker.toml
     """
@@ -250,11 +255,12 @@ def _size_arg(text: str) -> int:
 
 
 def cmd_config_wizard(args: argparse.Namespace) -> int:
-    """Derive module budgets from the memory and the expected load, write them as TOML
-    (each setting with the reason for its value) and print the reasons.
+    """Derive a config from the memory and the expected load.
 
-    Asks for the inputs not given as flags when stdin is a terminal. Writes to --out (never
-    over an existing file without --force) or to stdout.
+    Writes the module budgets it derives as TOML, each setting with the reason for its
+    value, and prints the reasons. Asks for the inputs not given as flags when stdin is a
+    terminal. Writes to --out (never over an existing file without --force) or to stdout.
+    Exit code 2 for inputs that cannot fit, naming the input and by how much.
 
     Example: mpbroker config wizard --memory 256MB --topics 10 --queues 10 --largest-topic-message 64KiB --largest-queue-message 64KiB --rate 50 --connections 20 --threads 500 --out broker.toml
     """
@@ -264,6 +270,9 @@ def cmd_config_wizard(args: argparse.Namespace) -> int:
     out = Path(args.out) if args.out else None
     if out is not None and out.exists() and not args.force:
         print(f"mpbroker: config wizard: {out} exists (--force overwrites it)", file=sys.stderr)
+        return 2
+    if args.cpus is not None and args.cpus < 1:
+        print(f"mpbroker: config wizard: --cpus {args.cpus}: must be at least 1", file=sys.stderr)
         return 2
     values = _wizard_values(args)
     if values is None:
@@ -282,13 +291,21 @@ def cmd_config_wizard(args: argparse.Namespace) -> int:
     try:
         result = derive(inputs)
     except WizardError as exc:
+        # What was given cannot fit: asking again cannot help (as every refusal, 2).
         print(f"mpbroker: config {exc}", file=sys.stderr)
-        return 1
+        return 2
     text = result.toml()
     if out is None:
         sys.stdout.write(text)
         return 0
-    out.write_text(text)
+    try:
+        out.write_text(text)
+    except OSError as exc:
+        print(
+            f"mpbroker: config wizard: cannot write --out {out}: {exc.strerror or exc}",
+            file=sys.stderr,
+        )
+        return 2
     for choice in result.choices:
         print(f"{choice.key} = {json.dumps(choice.value)}: {choice.why}")
     for line in result.summary():
@@ -298,8 +315,11 @@ def cmd_config_wizard(args: argparse.Namespace) -> int:
 
 
 def cmd_config_estimate(args: argparse.Namespace) -> int:
-    """How much memory N connections, S sessions (subscriptions) and M waiting messages of
-    B bytes need: Qpid's formula with our measured costs, against memory.max_memory.
+    """Estimate the memory a load needs, against memory.max_memory.
+
+    How much memory N connections, S sessions (subscriptions) and M waiting messages of B
+    bytes need: Qpid's formula with our measured costs. The broker's processes are counted
+    as serve would start them with the same --config, --data-dir and --gateways.
 
     Example: mpbroker config estimate --connections 100 --sessions 200 --messages 100000 --message-bytes 1KiB
     """
@@ -382,14 +402,67 @@ def _admin_error(url: str, code: int, body: bytes, user: str | None) -> str:
     return line
 
 
-def _admin_get(args: argparse.Namespace, path: str) -> bytes:
-    """The page at `path`, with the credentials of --user if given; _AdminFailure else."""
+def _url_host(host: str) -> str:
+    """`host` (an address a server listens on) as a client reaches it, in a URL: a wildcard
+    address as loopback, an IPv6 address in brackets."""
+    host = {"": "127.0.0.1", "0.0.0.0": "127.0.0.1", "::": "::1"}.get(host, host)
+    return f"[{host}]" if ":" in host else host
+
+
+def _admin_base(args: argparse.Namespace) -> tuple[str, str]:
+    """The admin API's address, `http://HOST:PORT`, and what to add to a failure to reach
+    it: where the address came from.
+
+    --port (with --host) wins. Without it, the port the broker of --data-dir (default:
+    `serve`'s) recorded in its mpbroker-ports.json, and its address unless --host; without
+    a record, the default port. _AdminFailure when the record says the broker is gone, or
+    serves no admin API."""
+    from mpbroker.workers.datadir import PORTS_FILE, DataDirError, read_ports
+
+    host = args.host or "127.0.0.1"
+    if args.port is not None:
+        return f"http://{_url_host(host)}:{args.port}", ""
+    defaults = Config()
+    data_dir = Path(args.data_dir or defaults.broker.data_dir)
+    path = data_dir / PORTS_FILE
+    default = f"http://{_url_host(host)}:{defaults.admin.port}"
+    try:
+        record = read_ports(data_dir)
+    except DataDirError as exc:
+        return default, f" (the default port: {exc}; give --port P)"
+    if record is None:
+        return default, (
+            f" (the default port: no running broker recorded its ports in {path}; give "
+            "--port P, or --data-dir DIR of the broker)"
+        )
+    if not record.running():
+        raise _AdminFailure(
+            f"mpbroker: admin: the broker of data dir {data_dir} is not running: {path} is "
+            f"from pid {record.pid}, which is gone (give --port P for a broker elsewhere)",
+            _ADMIN_FAILED,
+        )
+    if record.admin_port is None:
+        raise _AdminFailure(
+            f"mpbroker: admin: the broker of data dir {data_dir} (pid {record.pid}) serves no "
+            "admin API (it was started with admin.port = -1)",
+            _ADMIN_FAILED,
+        )
+    if args.host is None:
+        host = record.admin_host or host
+    return (
+        f"http://{_url_host(host)}:{record.admin_port}",
+        f" (the port the broker with pid {record.pid} recorded in {path})",
+    )
+
+
+def _admin_get(args: argparse.Namespace, url: str, source: str) -> bytes:
+    """The page at `url`, with the credentials of --user if given; _AdminFailure else.
+    `source`: where its address came from, said when nothing answers there."""
     import urllib.error
     import urllib.request
 
     from mpbroker.admin.access import authorization
 
-    url = f"http://{args.host}:{args.port}{path}"
     request = urllib.request.Request(url)
     if args.user is not None:
         # Sent at once, not after a 401: one request, and one check of the password.
@@ -415,7 +488,7 @@ def _admin_get(args: argparse.Namespace, path: str) -> bytes:
     except (urllib.error.URLError, OSError) as exc:
         reason = getattr(exc, "reason", exc)
         raise _AdminFailure(
-            f"mpbroker: cannot reach the admin API at {url}: {reason}", _ADMIN_FAILED
+            f"mpbroker: cannot reach the admin API at {url}: {reason}{source}", _ADMIN_FAILED
         ) from None
 
 
@@ -424,14 +497,15 @@ def _show_admin_page(args: argparse.Namespace, path: str, render: Callable[[byte
     import msgspec
 
     try:
-        data = _admin_get(args, path)
+        base, source = _admin_base(args)
+        url = base + path
+        data = _admin_get(args, url, source)
     except _AdminFailure as exc:
         print(exc, file=sys.stderr)
         return exc.exit_code
     try:
         text = msgspec.json.format(data, indent=2).decode() if args.json else render(data)
     except msgspec.DecodeError as exc:
-        url = f"http://{args.host}:{args.port}{path}"
         print(f"mpbroker: {url} is not an mpbroker admin page: {exc}", file=sys.stderr)
         return 1
     print(text)
@@ -439,9 +513,9 @@ def _show_admin_page(args: argparse.Namespace, path: str, render: Callable[[byte
 
 
 def cmd_admin_status(args: argparse.Namespace) -> int:
-    """Workers, their state and what each holds.
+    """Show the workers, their state and what each holds.
 
-    Example: mpbroker admin status --port 8161
+    Example: mpbroker admin status --data-dir /var/lib/mpbroker
 
     A broker with a users file wants a user in group admin: --user NAME, the password
     from --password-file FILE, else $MPBROKER_PASSWORD, else asked on a terminal.
@@ -453,8 +527,10 @@ def cmd_admin_status(args: argparse.Namespace) -> int:
 
 
 def cmd_admin_flow(args: argparse.Namespace) -> int:
-    """Flow control now: every destination's counts and watermarks, the stopped producers
-    and how long they have waited, every consumer's window and whether it is ready.
+    """Show flow control now.
+
+    Every destination's counts and watermarks, the stopped producers and how long they have
+    waited, every consumer's window and whether it is ready.
 
     Example: mpbroker admin flow --port 8161
 
@@ -556,9 +632,11 @@ def _read_password(name: str) -> str | None:
 
 
 def cmd_user_add(args: argparse.Namespace) -> int:
-    """Add a user to the users file (made owner-only if missing), with a password asked
-    twice on a terminal or read as one line from stdin, and its groups. The broker reads
-    the file at start and on SIGHUP.
+    """Add a user to the users file.
+
+    The file is made owner-only if missing. The password is asked twice on a terminal, or
+    read as one line from stdin; --group gives the user's groups. The broker reads the file
+    at start and on SIGHUP.
 
     Example: mpbroker user add alice --group producers --config /etc/mpbroker/mpbroker.toml
     """
@@ -617,29 +695,79 @@ def cmd_user_list(args: argparse.Namespace) -> int:
     return 0
 
 
-def _add_broker_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--config", metavar="FILE", help="TOML configuration file")
-    parser.add_argument("--host", help="listen address (default 127.0.0.1)")
-    parser.add_argument("--port", type=int, help="STOMP port (default 61613; 0 = any free port)")
-    parser.add_argument("--data-dir", dest="data_dir", metavar="DIR", help="data directory")
-    parser.add_argument(
-        "--gateways", type=int, metavar="N", help="gateway processes (0 = one per CPU)"
-    )
-    parser.add_argument("--log-level", dest="log_level", choices=LOG_LEVELS, help="log level")
-    parser.add_argument(
-        "--log-format",
-        dest="log_format",
-        choices=LOG_FORMATS,
-        help="text (with times) or journal (<N> priorities, for journald); auto = journal "
-        "when stderr is the journal ($JOURNAL_STREAM)",
-    )
-    parser.add_argument(
-        "--admin-port",
-        dest="admin_port",
-        type=int,
-        metavar="P",
-        help="admin API port (default 8161; 0 = any free port, -1 = off)",
-    )
+# `serve`'s options (by dest): `config show` takes them all (it shows what serve would run
+# with them), `config estimate` those that change its answer (the processes it counts).
+_SERVE_OPTIONS = (
+    "config",
+    "host",
+    "port",
+    "data_dir",
+    "gateways",
+    "log_level",
+    "log_format",
+    "admin_port",
+)
+_ESTIMATE_OPTIONS = ("config", "data_dir", "gateways")
+
+
+def _add_broker_options(
+    parser: argparse.ArgumentParser, only: Sequence[str] = _SERVE_OPTIONS
+) -> None:
+    if "config" in only:
+        parser.add_argument("--config", metavar="FILE", help="TOML configuration file")
+    if "host" in only:
+        parser.add_argument("--host", help="listen address (default 127.0.0.1)")
+    if "port" in only:
+        parser.add_argument(
+            "--port", type=int, help="STOMP port (default 61613; 0 = any free port)"
+        )
+    if "data_dir" in only:
+        parser.add_argument("--data-dir", dest="data_dir", metavar="DIR", help="data directory")
+    if "gateways" in only:
+        parser.add_argument(
+            "--gateways", type=int, metavar="N", help="gateway processes (0 = one per CPU)"
+        )
+    if "log_level" in only:
+        parser.add_argument("--log-level", dest="log_level", choices=LOG_LEVELS, help="log level")
+    if "log_format" in only:
+        parser.add_argument(
+            "--log-format",
+            dest="log_format",
+            choices=LOG_FORMATS,
+            help="text (with times) or journal (<N> priorities, for journald); auto = journal "
+            "when stderr is the journal ($JOURNAL_STREAM)",
+        )
+    if "admin_port" in only:
+        parser.add_argument(
+            "--admin-port",
+            dest="admin_port",
+            type=int,
+            metavar="P",
+            help="admin API port (default 8161; 0 = any free port, -1 = off)",
+        )
+
+
+def _chosen(parser: argparse.ArgumentParser, args: argparse.Namespace) -> argparse.ArgumentParser:
+    """The parser of the command `args` chose (`mpbroker config show`'s, say)."""
+    while True:
+        for action in parser._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                name = getattr(args, action.dest, None)
+                if name in action.choices:
+                    parser = action.choices[name]
+                    break
+        else:
+            return parser
+
+
+def _parse(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> argparse.Namespace:
+    """`parser.parse_args(argv)`, but with what no command knows refused by the command's
+    own parser, with its usage: argparse leaves the unknown arguments of `mpbroker serve
+    --prot 0` to the top-level parser, whose usage does not say what serve takes."""
+    args, extras = parser.parse_known_args(argv)
+    if extras:
+        _chosen(parser, args).error(f"unrecognized arguments: {' '.join(extras)}")
+    return args
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -652,35 +780,40 @@ def build_parser() -> argparse.ArgumentParser:
     )
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
     commands.required = True
+    from mpbroker.workers.datadir import PORTS_FILE
+
+    default_data_dir = Config().broker.data_dir
+
+    def add_command(parent: Any, name: str, doc: str) -> argparse.ArgumentParser:
+        """A command whose description is `doc` (a docstring: its first paragraph, one
+        sentence, is the command's summary in its parent's list)."""
+        description = inspect.cleandoc(doc)
+        summary = " ".join(description.split("\n\n", 1)[0].split())
+        sub: argparse.ArgumentParser = parent.add_parser(
+            name,
+            help=summary,
+            description=description,
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+        )
+        return sub
 
     def add(
         name: str, func: Callable[[argparse.Namespace], int], parent: Any = commands
     ) -> argparse.ArgumentParser:
-        doc = (func.__doc__ or "").strip()
-        summary = doc.splitlines()[0]
-        sub: argparse.ArgumentParser = parent.add_parser(
-            name,
-            help=summary,
-            description=doc,
-            formatter_class=argparse.RawDescriptionHelpFormatter,
-        )
+        sub = add_command(parent, name, func.__doc__ or "")
         sub.set_defaults(func=func)
         return sub
 
-    def group(name: str, summary: str, description: str) -> Any:
+    def group(name: str, doc: str) -> Any:
         """A command with subcommands of its own (`mpbroker config show`)."""
-        parser = commands.add_parser(name, help=summary, description=description)
+        parser = add_command(commands, name, doc)
         subcommands = parser.add_subparsers(dest=f"{name}_command", metavar="COMMAND")
         subcommands.required = True
         return subcommands
 
     _add_broker_options(add("serve", cmd_serve))
 
-    config_commands = group(
-        "config",
-        "inspect the configuration, derive one, estimate memory",
-        "Inspect the configuration, derive one, estimate memory.",
-    )
+    config_commands = group("config", "Inspect the configuration, derive one, estimate memory.")
     _add_broker_options(add("show", cmd_config_show, config_commands))
     wizard = add("wizard", cmd_config_wizard, config_commands)
     for name, prompt, parse in _WIZARD_INPUTS:
@@ -698,7 +831,7 @@ def build_parser() -> argparse.ArgumentParser:
     wizard.add_argument("--out", metavar="FILE", help="write the TOML here (default: stdout)")
     wizard.add_argument("--force", action="store_true", help="overwrite an existing --out file")
     estimate = add("estimate", cmd_config_estimate, config_commands)
-    _add_broker_options(estimate)
+    _add_broker_options(estimate, _ESTIMATE_OPTIONS)
     estimate.add_argument("--connections", type=int, default=0, metavar="N", help="connections")
     estimate.add_argument(
         "--sessions", type=int, default=0, metavar="S", help="sessions (subscriptions)"
@@ -717,13 +850,31 @@ def build_parser() -> argparse.ArgumentParser:
 
     admin_commands = group(
         "admin",
-        "ask a running broker how it is doing",
-        "Ask a running broker's admin API (HTTP JSON on loopback).",
+        f"""Ask a running broker how it is doing.
+
+        Through its admin API (HTTP JSON on loopback). Without --port, it asks the broker
+        of the data dir --data-dir (default {default_data_dir}, as serve's), which records
+        where it listens in {PORTS_FILE} while it runs; without that record, port 8161.
+        """,
     )
     for name, func in (("status", cmd_admin_status), ("flow", cmd_admin_flow)):
         admin_parser = add(name, func, admin_commands)
-        admin_parser.add_argument("--host", default="127.0.0.1", help="admin API address")
-        admin_parser.add_argument("--port", type=int, default=8161, help="admin API port")
+        admin_parser.add_argument(
+            "--data-dir",
+            dest="data_dir",
+            metavar="DIR",
+            help=f"the broker's data dir, where it records its ports in {PORTS_FILE} "
+            f"(default {default_data_dir}, as serve's)",
+        )
+        admin_parser.add_argument(
+            "--host", help="admin API address (default: the recorded one, else 127.0.0.1)"
+        )
+        admin_parser.add_argument(
+            "--port",
+            type=int,
+            metavar="P",
+            help="admin API port (default: the one the broker of --data-dir recorded, else 8161)",
+        )
         admin_parser.add_argument("--json", action="store_true", help="print the raw JSON")
         admin_parser.add_argument(
             "--user",
@@ -740,8 +891,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     user_commands = group(
         "user",
-        "add, remove and list the users who may connect",
-        "The users file (security.users_file): add, remove, list.",
+        """Add, remove and list the users who may connect.
+
+        They are in the users file, security.users_file.
+        """,
     )
     for name, func in (("add", cmd_user_add), ("remove", cmd_user_remove), ("list", cmd_user_list)):
         user_parser = add(name, func, user_commands)
@@ -808,7 +961,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from mpbroker.workers.datadir import DataDirError
 
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args = _parse(parser, argv)
     try:
         result: int = args.func(args)
     except (ConfigError, DataDirError, UsersFileError) as exc:

@@ -397,9 +397,96 @@ def test_the_wizard_says_which_input_cannot_fit(capsys: pytest.CaptureFixture[st
     flags = [*WIZARD_FLAGS]
     flags[flags.index("--connections") + 1] = "100000"
     code, out, err = run(capsys, "config", "wizard", *flags)
-    assert (code, out) == (1, "")
+    # A refusal of what was given: 2, as every other (asking again cannot help).
+    assert (code, out) == (2, "")
     assert err.startswith("mpbroker: config wizard: --connections 100000: ")
     assert "short by" in err
+    assert err.count("\n") == 1
+
+
+def _wizard_with(**changed: str) -> list[str]:
+    flags = [*WIZARD_FLAGS]
+    for name, value in changed.items():
+        flags[flags.index("--" + name.replace("_", "-")) + 1] = value
+    return flags
+
+
+@pytest.mark.parametrize(
+    ("argv", "line"),
+    [
+        (
+            _wizard_with(memory="32MB"),
+            "mpbroker: config wizard: --memory 32 MB: below the fixed cost of the smallest broker",
+        ),
+        (
+            _wizard_with(largest_queue_message="200MB"),
+            "mpbroker: config wizard: --largest-topic-message/--largest-queue-message 200 MB: ",
+        ),
+        (_wizard_with(topics="-1"), "mpbroker: config wizard: --topics -1: must be at least 0"),
+        (_wizard_with(rate="nan"), "mpbroker: config wizard: --rate nan: must be at least 0"),
+        ([*WIZARD_FLAGS, "--cpus", "0"], "mpbroker: config wizard: --cpus 0: must be at least 1"),
+        (
+            [*WIZARD_FLAGS, "--out", "no/such/dir/broker.toml"],
+            "mpbroker: config wizard: cannot write --out no/such/dir/broker.toml: No such file "
+            "or directory",
+        ),
+    ],
+    ids=["memory", "message", "topics", "rate", "cpus", "out"],
+)
+def test_every_refusal_of_the_wizard_is_one_line_naming_the_value_and_exit_2(
+    argv: list[str], line: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, out, err = run(capsys, "config", "wizard", *argv)
+    assert (code, out) == (2, "")
+    assert err.startswith(line), err
+    assert err.count("\n") == 1 and err.endswith("\n"), err
+
+
+@pytest.mark.parametrize("command", ["show", "estimate"])
+@pytest.mark.parametrize(
+    ("content", "line"),
+    [
+        (None, "mpbroker: config: --config = '{path}': cannot be read: Is a directory"),
+        ("x = [", "mpbroker: config: --config = '{path}': not valid TOML: "),
+        (b"\xff\xfe", "mpbroker: config: --config = '{path}': not UTF-8 text: "),
+        ("[broker]\nport = -5\n", "mpbroker: config: broker.port = -5: "),
+        ("[nonsense]\n", "mpbroker: config: "),
+    ],
+    ids=["directory", "toml", "utf8", "value", "section"],
+)
+def test_config_show_and_estimate_refuse_a_bad_file_in_one_line_with_exit_2(
+    command: str,
+    content: str | bytes | None,
+    line: str,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    path = tmp_path / "broker.toml"
+    if content is None:
+        path.mkdir()
+    elif isinstance(content, bytes):
+        path.write_bytes(content)
+    else:
+        path.write_text(content)
+    code, out, err = run(capsys, "config", command, "--config", str(path))
+    assert (code, out) == (2, "")
+    assert err.startswith(line.format(path=path)), err
+    assert err.count("\n") == 1, err
+
+
+@pytest.mark.parametrize(
+    ("argv", "line"),
+    [
+        (["--connections", "-1"], "mpbroker: config estimate: connections = -1: must be >= 0"),
+        (["--gateways", "-2"], "mpbroker: config: broker.gateways = -2: "),
+    ],
+)
+def test_estimate_refuses_bad_values_in_one_line_with_exit_2(
+    argv: list[str], line: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, out, err = run(capsys, "config", "estimate", *argv)
+    assert (code, out) == (2, "")
+    assert err.startswith(line) and err.count("\n") == 1, err
 
 
 def test_a_bad_size_flag_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:

@@ -14,6 +14,12 @@ dir (`mpbroker-partitions.json`); a start with other explicit numbers is refused
 (`PartitionMismatch`, a ConfigError: exit code 2), and `0` (one per CPU) keeps the recorded
 ones (`mpbroker.memory.fit_workers`). A data dir from before
 the record is read from its store directories' names.
+
+The ports (`PortsRecord`): a running broker records where it listens in the data dir
+(`mpbroker-ports.json`), with its supervisor's pid and start time, once it is ready, and
+removes the record when it stops; `mpbroker admin` reads it to find the admin API of a
+broker started with `--admin-port 0` (or another port). A record left by a broker that was
+killed names a process that is gone (`PortsRecord.running`).
 """
 
 from __future__ import annotations
@@ -32,16 +38,22 @@ from mpbroker.routing import Topology
 
 __all__ = [
     "PARTITIONS_FILE",
+    "PORTS_FILE",
     "DataDirError",
     "PartitionMismatch",
     "PartitionRecord",
+    "PortsRecord",
     "check_data_dir",
     "owner_only",
     "read_partitions",
+    "read_ports",
+    "remove_ports",
     "write_partitions",
+    "write_ports",
 ]
 
 PARTITIONS_FILE = "mpbroker-partitions.json"
+PORTS_FILE = "mpbroker-ports.json"
 _PROBE = ".mpbroker-write-probe"
 _STORE_DIR = re.compile(r"(p2p|pubsub)-(\d+)")
 
@@ -217,16 +229,132 @@ def write_partitions(data_dir: Path, topology: Topology) -> str | None:
     with contextlib.suppress(OSError):
         if record.read_text() == text:
             return None
-    tmp = record.with_suffix(".tmp")
+    problem = _write_atomically(record, text)
+    if problem is not None:
+        return f"cannot record the partitions in {record} ({problem})"
+    return None
+
+
+def _write_atomically(path: Path, text: str) -> str | None:
+    """Write `text` to `path` owner-only, all of it or nothing (a temporary file renamed
+    over it); why it could not, or None."""
+    tmp = path.with_suffix(".tmp")
     try:
+        # One left by a broker that was killed may have other permissions: start afresh.
+        with contextlib.suppress(FileNotFoundError):
+            tmp.unlink()
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(fd, "w") as out:
             out.write(text)
             out.flush()
             os.fsync(out.fileno())
-        os.replace(tmp, record)
+        os.replace(tmp, path)
     except OSError as exc:
         with contextlib.suppress(OSError):
             tmp.unlink()
-        return f"cannot record the partitions in {record} ({_reason(exc)})"
+        return _reason(exc)
     return None
+
+
+@dataclass(frozen=True, slots=True)
+class PortsRecord:
+    """Where a running broker listens, as its supervisor recorded it once it was ready.
+    A port is None when that listener is off (the admin API with admin.port = -1)."""
+
+    pid: int  # the supervisor's
+    started: float  # when the supervisor's process started (seconds since the epoch)
+    host: str  # broker.host: the STOMP ports' address
+    port: int
+    tls_port: int | None
+    ws_port: int | None
+    wss_port: int | None
+    admin_host: str | None  # the admin API's address (admin.host)
+    admin_port: int | None
+
+    def running(self) -> bool:
+        """Whether the supervisor that wrote the record still runs: its pid is alive and
+        started when it says (not another process that got the pid since)."""
+        import psutil
+
+        try:
+            started = psutil.Process(self.pid).create_time()
+        except psutil.NoSuchProcess:
+            return False
+        except psutil.AccessDenied:  # alive, another user's
+            return True
+        return abs(started - self.started) < 1.0
+
+    def to_json(self) -> str:
+        names = (
+            "pid",
+            "started",
+            "host",
+            "port",
+            "tls_port",
+            "ws_port",
+            "wss_port",
+            "admin_host",
+            "admin_port",
+        )
+        return json.dumps({name: getattr(self, name) for name in names}, indent=2) + "\n"
+
+
+def _port_or_none(value: object) -> int | None:
+    if value is None:
+        return None
+    if not isinstance(value, int) or isinstance(value, bool) or not 0 < value < 65536:
+        raise ValueError(f"not a port: {value!r}")
+    return value
+
+
+def read_ports(data_dir: Path) -> PortsRecord | None:
+    """The ports the broker of `data_dir` recorded (it may have died since: see
+    `PortsRecord.running`); None when there is no record. DataDirError for one that cannot
+    be read or is damaged."""
+    path = data_dir / PORTS_FILE
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    except (OSError, UnicodeDecodeError) as exc:
+        why = _reason(exc) if isinstance(exc, OSError) else str(exc)
+        raise DataDirError(path, f"unreadable ({why})") from None
+    try:
+        data = json.loads(text)
+        admin_host = data["admin_host"]
+        record = PortsRecord(
+            pid=int(data["pid"]),
+            started=float(data["started"]),
+            host=str(data["host"]),
+            port=_port_or_none(data["port"]) or 0,
+            tls_port=_port_or_none(data["tls_port"]),
+            ws_port=_port_or_none(data["ws_port"]),
+            wss_port=_port_or_none(data["wss_port"]),
+            admin_host=None if admin_host is None else str(admin_host),
+            admin_port=_port_or_none(data["admin_port"]),
+        )
+    except (ValueError, KeyError, TypeError) as exc:
+        raise DataDirError(path, f"damaged ({exc!r})") from None
+    if record.pid < 1 or not record.port:
+        raise DataDirError(path, f"damaged (pid {record.pid}, port {record.port})")
+    return record
+
+
+def write_ports(data_dir: Path, record: PortsRecord) -> str | None:
+    """Record where the broker listens in `data_dir` (atomically, owner-only); why it
+    could not, or None."""
+    path = data_dir / PORTS_FILE
+    problem = _write_atomically(path, record.to_json())
+    if problem is not None:
+        return f"cannot record the ports in {path} ({problem})"
+    return None
+
+
+def remove_ports(data_dir: Path, pid: int) -> None:
+    """Remove the ports record of the broker with supervisor `pid` (one that another
+    broker wrote since stays)."""
+    path = data_dir / PORTS_FILE
+    with contextlib.suppress(DataDirError, OSError):
+        record = read_ports(data_dir)
+        if record is not None and record.pid == pid:
+            path.unlink()

@@ -10,6 +10,7 @@ up (kill -9: nobody holds their lock any more). Workers are forked by a fork ser
 from __future__ import annotations
 
 import contextlib
+import errno
 import logging
 import os
 import pickle
@@ -51,10 +52,13 @@ from ._layout import Layout, WorkerSpec, reloaded_config
 from ._service import BrokerFigures, ServiceLink
 from .datadir import (
     DataDirError,
+    PortsRecord,
     check_data_dir,
     owner_only,
     read_partitions,
+    remove_ports,
     write_partitions,
+    write_ports,
 )
 
 __all__ = ["EXIT_FAILED", "EXIT_REFUSED", "StartupError", "serve"]
@@ -203,15 +207,15 @@ class Supervisor:
         same port with SO_REUSEPORT and listen. With --port 0 this is how the port is chosen.
         """
         host = self.config.broker.host
-        self.port_holder, self.port = _reserve(host, self.config.broker.port, "")
+        self.port_holder, self.port = _reserve(host, self.config.broker.port, "broker.port")
         tls_port = self.config.stomp.tls_port
         if tls_port >= 0:
-            self.tls_holder, self.tls_port = _reserve(host, tls_port, " (stomp.tls_port)")
+            self.tls_holder, self.tls_port = _reserve(host, tls_port, "stomp.tls_port")
         stomp = self.config.stomp
         if stomp.ws_port >= 0:
-            self.ws_holder, self.ws_port = _reserve(host, stomp.ws_port, " (stomp.ws_port)")
+            self.ws_holder, self.ws_port = _reserve(host, stomp.ws_port, "stomp.ws_port")
         if stomp.wss_port >= 0:
-            self.wss_holder, self.wss_port = _reserve(host, stomp.wss_port, " (stomp.wss_port)")
+            self.wss_holder, self.wss_port = _reserve(host, stomp.wss_port, "stomp.wss_port")
 
     def _spec(self, worker: _Worker) -> WorkerSpec:
         return WorkerSpec(
@@ -299,8 +303,10 @@ class Supervisor:
                 raise StartupError(f"workers not ready after {_STARTUP_TIMEOUT_S:.0f} s: {names}")
             time.sleep(0.02)
 
-    def start_admin(self) -> None:
-        """The admin API, if configured (it only reads shared memory: a thread is enough)."""
+    def bind_admin(self) -> None:
+        """Take the admin API's port, if configured: with the STOMP ports, before anything
+        starts, so that a port in use ends the start with one line. It serves from
+        `start_admin` on (it only reads shared memory: a thread is enough)."""
         admin = self.config.admin
         if admin.port < 0:
             return
@@ -322,10 +328,37 @@ class Supervisor:
         except OSError as exc:
             raise StartupError(
                 f"cannot serve the admin API on {admin.host}:{admin.port}: {exc.strerror}"
+                + (_in_use_hint("admin.port") if exc.errno == errno.EADDRINUSE else "")
             ) from None
+
+    def start_admin(self) -> None:
+        """Serve the admin API bound by `bind_admin`, if any."""
+        if self.admin is None:
+            return
         self.admin.start()
         host, port = self.admin.address
         log.info("admin API on http://%s:%d (dashboard /, /status, /flow, /metrics)", host, port)
+
+    def record_ports(self) -> None:
+        """Record where this broker listens in its data dir, for `mpbroker admin` (removed
+        by `cleanup`); a broker that cannot goes on, and says so."""
+        import psutil
+
+        admin = self.admin.address if self.admin is not None else (None, None)
+        record = PortsRecord(
+            pid=os.getpid(),
+            started=psutil.Process().create_time(),
+            host=self.config.broker.host,
+            port=self.port,
+            tls_port=self.tls_port if self.tls_holder is not None else None,
+            ws_port=self.ws_port if self.ws_holder is not None else None,
+            wss_port=self.wss_port if self.wss_holder is not None else None,
+            admin_host=admin[0],
+            admin_port=admin[1],
+        )
+        problem = write_ports(Path(self.config.broker.data_dir), record)
+        if problem is not None:
+            log.warning("%s: `mpbroker admin` needs --port to find this broker", problem)
 
     def admin_status(self) -> StatusView:
         assert self.control is not None
@@ -631,6 +664,8 @@ class Supervisor:
         self.launcher.close()
 
     def cleanup(self) -> None:
+        # First: while it is there, `mpbroker admin` takes the broker for running.
+        remove_ports(Path(self.config.broker.data_dir), os.getpid())
         if self.admin is not None:
             self.admin.close()
         for block in self.stats.values():
@@ -672,9 +707,33 @@ def warn_unknown_names(config: Config, users: Mapping[str, User]) -> None:
         )
 
 
-def _reserve(host: str, port: int, what: str) -> tuple[socket.socket, int]:
+# Command-line options of the settings of ports, for the way out of a port in use.
+_PORT_OPTIONS = {"broker.port": "--port", "admin.port": "--admin-port"}
+
+
+def _in_use_hint(setting: str) -> str:
+    """What to add to "Address already in use" for the port of `setting`: how to pick
+    another."""
+    option = _PORT_OPTIONS.get(setting)
+    if option is None:
+        way = f"set {setting} to another port, or to 0 for a free one"
+    else:
+        way = f"pick another with {option} N, or {option} 0 for a free one"
+    if setting == "admin.port":
+        way += "; --admin-port -1 turns the admin API off"
+    return f" (another broker?); {way}"
+
+
+def _reserve(host: str, port: int, setting: str) -> tuple[socket.socket, int]:
     """A socket bound to `port` (0: a free one) with SO_REUSEPORT, and the port; StartupError
-    naming the address (and `what`) if it is taken."""
+    naming the address (and `setting`, but for broker.port) if it is taken, and how to
+    pick another port."""
+    what = "" if setting == "broker.port" else f" ({setting})"
+
+    def refused(exc: OSError) -> StartupError:
+        hint = _in_use_hint(setting) if exc.errno == errno.EADDRINUSE else ""
+        return StartupError(f"cannot listen on {host}:{port}{what}: {exc.strerror}{hint}")
+
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     # First a plain bind (no SO_REUSEPORT): it fails if anything listens there, even
     # another broker whose SO_REUSEPORT group would otherwise silently share our port.
@@ -684,7 +743,7 @@ def _reserve(host: str, port: int, what: str) -> tuple[socket.socket, int]:
         probe.bind((host, port))
         port = probe.getsockname()[1]
     except OSError as exc:
-        raise StartupError(f"cannot listen on {host}:{port}{what}: {exc.strerror}") from None
+        raise refused(exc) from None
     finally:
         probe.close()
     sock = socket.socket(family, socket.SOCK_STREAM)
@@ -694,7 +753,7 @@ def _reserve(host: str, port: int, what: str) -> tuple[socket.socket, int]:
         sock.bind((host, port))
     except OSError as exc:
         sock.close()
-        raise StartupError(f"cannot listen on {host}:{port}{what}: {exc.strerror}") from None
+        raise refused(exc) from None
     return sock, port
 
 
@@ -763,8 +822,9 @@ def serve(config: Config, reload_source: Callable[[], Config] | None = None) -> 
     supervisor.install_signals()
     started = False
     try:
-        # The port first: a broker that cannot have it starts nothing.
+        # The ports first: a broker that cannot have them starts nothing.
         supervisor.reserve_port()
+        supervisor.bind_admin()
         started = True
         supervisor.start_launcher()
         supervisor.create_segments()
@@ -784,6 +844,7 @@ def serve(config: Config, reload_source: Callable[[], Config] | None = None) -> 
         if supervisor.wss_holder is not None:
             log.info("STOMP over WebSocket on wss://%s:%d/ws", url_host, supervisor.wss_port)
         log.info("running %s", native.describe())
+        supervisor.record_ports()
         log.info("mpbroker ready on %s:%d", broker.host, supervisor.port)
         now = time.monotonic()
         supervisor.watch_memory(now)  # READY's status line shows the memory in use
