@@ -56,21 +56,23 @@ _OTHER_KINDS = (
     ("/exchange/", "RabbitMQ exchanges are not supported: use /queue/NAME or /topic/NAME"),
     ("/amq/queue/", "RabbitMQ's /amq/queue/ is not supported: use /queue/NAME"),
 )
-# Characters that make a name mean more than itself in ActiveMQ (and Artemis): wildcards,
-# a composite destination's list, destination options.
+# Characters that make a name mean more than itself in ActiveMQ (and Artemis): a composite
+# destination's list, destination options.
 _SPECIAL_CHARACTERS = (
-    ("*", "wildcard destinations (* and >) are not supported yet"),
-    (">", "wildcard destinations (* and >) are not supported yet"),
     (",", "composite destinations (a,b) are not supported yet"),
     ("?", "destination options (?name=value) are not supported"),
 )
+# Name elements (between dots) that are wildcards in ActiveMQ and Artemis, as its
+# destination filters read them: a whole element, not a character inside one.
+_WILDCARD_ELEMENTS = frozenset({"*", ">"})
 
 
 def check_client_destination(destination: str) -> tuple[DestinationKind, str]:
     """`parse_destination` for a destination a client names in a SEND or SUBSCRIBE, which
     also refuses (UnsupportedDestination) what other brokers read as more than a name:
-    ActiveMQ's wildcards (``*``, ``>``), composite destinations (``,``) and destination
-    options (``?``), temporary destinations and RabbitMQ's exchanges. Names already stored
+    ActiveMQ's wildcards (an element ``*`` or ``>`` of a dotted name: ``prices.*``, not
+    ``a*b``), composite destinations (``,``) and destination options (``?``), temporary
+    destinations and RabbitMQ's exchanges. Names already stored
     (a dead-letter queue, a durable subscription) are not checked again."""
     for prefix, what in _OTHER_KINDS:
         if destination.startswith(prefix):
@@ -79,6 +81,10 @@ def check_client_destination(destination: str) -> tuple[DestinationKind, str]:
     for char, what in _SPECIAL_CHARACTERS:
         if char in name:
             raise UnsupportedDestination(destination, what)
+    if ("*" in name or ">" in name) and not _WILDCARD_ELEMENTS.isdisjoint(name.split(".")):
+        raise UnsupportedDestination(
+            destination, "wildcard destinations (* and >) are not supported yet"
+        )
     return kind, name
 
 

@@ -719,7 +719,11 @@ class GatewaySession:
         if sub_id in self._subs_by_id:
             raise SessionError(f"subscription id {sub_id!r} is already in use")
         pipeline = self._owner(destination)
-        if "#" in destination and destination.startswith(TOPIC_PREFIX):
+        if (
+            "#" in destination
+            and destination.startswith(TOPIC_PREFIX)
+            and "#" in destination[len(TOPIC_PREFIX) :].split(".")
+        ):
             # RabbitMQ's wildcard for any number of words: taken literally, it would
             # subscribe to a topic nobody publishes to.
             raise UnsupportedHeader(

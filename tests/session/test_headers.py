@@ -409,6 +409,18 @@ def test_destinations_other_brokers_read_as_more_than_a_name_are_refused(
         assert routes(session) == []
 
 
+@pytest.mark.parametrize(
+    "destination", ["/queue/a*b", "/queue/dash.<b>bold</b>", "/topic/x.>y", "/topic/c#"]
+)
+def test_wildcard_characters_inside_a_name_element_are_plain_characters(destination: str) -> None:
+    """ActiveMQ's filters (and RabbitMQ's) take only a whole element for a wildcard."""
+    session = connected()
+    session.frame_received(Frame("SUBSCRIBE", {"destination": destination, "id": "s"}), NOW)
+    session.frame_received(Frame("SEND", {"destination": destination}), NOW)
+    assert len(routes(session)) == 2
+    assert frames(session) == []
+
+
 def test_rabbitmqs_hash_wildcard_is_refused_on_a_topic_subscription() -> None:
     session = connected()
     session.frame_received(Frame("SUBSCRIBE", {"destination": "/topic/a.#", "id": "s"}), NOW)
