@@ -89,30 +89,44 @@ def test_a_rare_match_is_delivered_promptly_behind_a_long_unselected_backlog(
     assert bodies(everyone, 3) == [b"0", b"1", b"2"]
 
 
+class Collector(stomp.ConnectionListener):  # type: ignore[misc]
+    """A stomp.py listener keeping the bodies received; `done` once `last` is one of them
+    (or `count` arrived), `subscribed` at the first RECEIPT."""
+
+    def __init__(self, *, last: str | None = None, count: int = 0) -> None:
+        self.received: list[str] = []
+        self.done = threading.Event()
+        self.subscribed = threading.Event()
+        self.last = last
+        self.count = count
+
+    def on_message(self, frame: stomp.utils.Frame) -> None:
+        self.received.append(frame.body)
+        if frame.body == self.last or len(self.received) == self.count:
+            self.done.set()
+
+    def on_receipt(self, frame: stomp.utils.Frame) -> None:
+        self.subscribed.set()
+
+
+def stomp_py(broker: BrokerProcess, listener: Collector) -> stomp.Connection12:
+    """A connected stomp.py 1.2 connection with `listener`."""
+    conn = stomp.Connection12([(broker.host, broker.port)])
+    conn.set_listener("l", listener)
+    conn.connect(wait=True)
+    return conn
+
+
 def test_topic_fan_out_with_selectors_stomp_py_and_our_client(broker: BrokerProcess) -> None:
-    received: list[str] = []
-    done = threading.Event()
-    subscribed = threading.Event()
-
-    class Listener(stomp.ConnectionListener):  # type: ignore[misc]
-        def on_message(self, frame: stomp.utils.Frame) -> None:
-            received.append(frame.body)
-            if len(received) == 2:
-                done.set()
-
-        def on_receipt(self, frame: stomp.utils.Frame) -> None:
-            subscribed.set()
-
-    listener_conn = stomp.Connection12([(broker.host, broker.port)])
-    listener_conn.set_listener("l", Listener())
-    listener_conn.connect(wait=True)
+    listener = Collector(count=2)
+    listener_conn = stomp_py(broker, listener)
     try:
         listener_conn.subscribe(
             "/topic/prices",
             id="py",
             headers={"selector": "price > 100.5 AND symbol = 'X'", "receipt": "sub"},
         )
-        assert subscribed.wait(10)
+        assert listener.subscribed.wait(10)
         with connect(broker.host, broker.port) as conn:
             ours = conn.subscribe("/topic/prices", selector="priority = 9")
             everything = conn.subscribe("/topic/prices")
@@ -129,8 +143,8 @@ def test_topic_fan_out_with_selectors_stomp_py_and_our_client(broker: BrokerProc
             first = ours.get(timeout=10)
             assert first is not None and first.text == "X@120"
             assert ours.get(timeout=0.3) is None
-        assert done.wait(10)
-        assert received == ["X@120", "X@101"]
+        assert listener.done.wait(10)
+        assert listener.received == ["X@120", "X@101"]
     finally:
         listener_conn.disconnect()
 
@@ -140,30 +154,16 @@ def test_an_escape_that_is_a_wildcard_reads_as_activemq_reads_it_stomp_py(
 ) -> None:
     """`'_D7xl__' ESCAPE '_'`: the first `_` is a wildcard (it escapes only %, _ or itself),
     the last two one literal `_`, as in ActiveMQ's own selector tests."""
-    received: list[str] = []
-    done = threading.Event()
-    subscribed = threading.Event()
-
-    class Listener(stomp.ConnectionListener):  # type: ignore[misc]
-        def on_message(self, frame: stomp.utils.Frame) -> None:
-            received.append(frame.body)
-            if frame.body == "last":
-                done.set()
-
-        def on_receipt(self, frame: stomp.utils.Frame) -> None:
-            subscribed.set()
-
-    conn = stomp.Connection12([(broker.host, broker.port)])
-    conn.set_listener("l", Listener())
-    conn.connect(wait=True)
+    listener = Collector(last="last")
+    conn = stomp_py(broker, listener)
     try:
         selector = "name LIKE '_D7xl__' ESCAPE '_' OR name = 'last' OR name LIKE 'a!b' ESCAPE '!'"
         conn.subscribe("/queue/escapes", id="1", headers={"selector": selector, "receipt": "s"})
-        assert subscribed.wait(10)
+        assert listener.subscribed.wait(10)
         for name in ("XD7xl_", "D7xl_", "XD7xlY", "_D7xl_", "ab", "a!b", "last"):
             conn.send("/queue/escapes", name, headers={"name": name})
-        assert done.wait(10)
-        assert received == ["XD7xl_", "_D7xl_", "a!b", "last"]
+        assert listener.done.wait(10)
+        assert listener.received == ["XD7xl_", "_D7xl_", "a!b", "last"]
     finally:
         conn.disconnect()
 

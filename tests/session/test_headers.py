@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from mpbroker.records import Send, Subscribe, Unsubscribe
 from mpbroker.session import GatewaySession, SessionState
 from mpbroker.session._headers import FAMILIES, FRAMES, RULES, HeaderRule, markdown_table, rule_for
-from mpbroker.stomp import Frame
+from mpbroker.stomp import CLIENT_COMMANDS, Frame
 from tests.session.test_session import (
     NOW,
     _forget_taken,  # noqa: F401  (the autouse fixture the helpers below rely on)
@@ -67,6 +67,10 @@ def refused_pairs() -> list[tuple[str, str, str]]:
         value = "1" if rule.default == "0" else "true"
         pairs += [(command, rule.header, value) for command in rule.frames]
     return pairs
+
+
+def test_the_table_covers_every_client_frame() -> None:
+    assert {*FRAMES, "STOMP"} == CLIENT_COMMANDS
 
 
 def test_the_control_frames_are_accepted_as_the_walk_sends_them() -> None:
