@@ -722,7 +722,12 @@ def _add_broker_options(
             "--port", type=int, help="STOMP port (default 61613; 0 = any free port)"
         )
     if "data_dir" in only:
-        parser.add_argument("--data-dir", dest="data_dir", metavar="DIR", help="data directory")
+        parser.add_argument(
+            "--data-dir",
+            dest="data_dir",
+            metavar="DIR",
+            help=f"data directory (default {Config().broker.data_dir})",
+        )
     if "gateways" in only:
         parser.add_argument(
             "--gateways", type=int, metavar="N", help="gateway processes (0 = one per CPU)"

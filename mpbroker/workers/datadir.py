@@ -37,9 +37,12 @@ from mpbroker.config import ConfigError
 from mpbroker.routing import Topology
 
 __all__ = [
+    "LOCK_FILE",
     "PARTITIONS_FILE",
     "PORTS_FILE",
     "DataDirError",
+    "DataDirInUse",
+    "DataDirLock",
     "PartitionMismatch",
     "PartitionRecord",
     "PortsRecord",
@@ -52,6 +55,7 @@ __all__ = [
     "write_ports",
 ]
 
+LOCK_FILE = "mpbroker.lock"
 PARTITIONS_FILE = "mpbroker-partitions.json"
 PORTS_FILE = "mpbroker-ports.json"
 _PROBE = ".mpbroker-write-probe"
@@ -65,6 +69,67 @@ class DataDirError(RuntimeError):
         self.path = path
         self.why = why
         super().__init__(f"data dir {path}: {why}")
+
+
+class DataDirInUse(DataDirError):
+    """Another broker runs on the data dir (it holds `DataDirLock`); `pid` is its
+    supervisor's, as it wrote it in the lock file (0 if it could not be read)."""
+
+    def __init__(self, path: Path, pid: int) -> None:
+        self.pid = pid
+        who = f"another broker (pid {pid})" if pid else "another broker"
+        super().__init__(
+            path,
+            f"in use by {who}: stop it, or give this one another --data-dir "
+            "(two brokers on one data dir would deliver its stored messages twice)",
+        )
+
+
+class DataDirLock:
+    """The exclusive lock (flock) on `<data dir>/mpbroker.lock` that a broker holds while it
+    runs, with its supervisor's pid written in the file: two brokers on one data dir would
+    both recover its stores, deliver each stored message twice and overwrite each other's
+    records. The kernel drops the lock when the last process holding the file ends, so one
+    left by a broker that was killed stops nobody."""
+
+    def __init__(self, path: Path, fd: int) -> None:
+        self.path = path
+        self._fd = fd
+
+    @classmethod
+    def acquire(cls, data_dir: Path) -> DataDirLock:
+        """Take the lock at once (DataDirInUse if another broker holds it; DataDirError if
+        the file cannot be made)."""
+        import fcntl
+
+        path = data_dir / LOCK_FILE
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+        except OSError as exc:
+            raise DataDirError(path, f"cannot open the lock file ({_reason(exc)})") from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            try:
+                text = os.read(fd, 32).decode("ascii", "replace").strip()
+            except OSError:
+                text = ""
+            os.close(fd)
+            raise DataDirInUse(data_dir, int(text) if text.isdigit() else 0) from None
+        except OSError as exc:
+            os.close(fd)
+            raise DataDirError(path, f"cannot lock it ({_reason(exc)})") from None
+        # Who holds it, for the next one's message (the lock, not the text, decides).
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        return cls(path, fd)
+
+    def release(self) -> None:
+        """Let another broker have the data dir. The file stays: removing it would let two
+        brokers lock two different files of the same name."""
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
 
 
 def _reason(exc: OSError) -> str:

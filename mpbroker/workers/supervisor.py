@@ -52,6 +52,7 @@ from ._layout import Layout, WorkerSpec, reloaded_config
 from ._service import BrokerFigures, ServiceLink
 from .datadir import (
     DataDirError,
+    DataDirLock,
     PortsRecord,
     check_data_dir,
     owner_only,
@@ -126,6 +127,7 @@ class Supervisor:
         # Held from before the first segment exists until the last is removed: while it is
         # held, no other broker's start sweeps this instance's segments.
         self.instance_lock: InstanceLock | None = None
+        self.data_lock: DataDirLock | None = None
         self.stats: dict[int, StatsBlock] = {}
         self.admin: AdminServer | None = None
         self.port_holder: socket.socket | None = None
@@ -330,6 +332,15 @@ class Supervisor:
                 f"cannot serve the admin API on {admin.host}:{admin.port}: {exc.strerror}"
                 + (_in_use_hint("admin.port") if exc.errno == errno.EADDRINUSE else "")
             ) from None
+
+    def lock_data_dir(self) -> None:
+        """Take the data dir (`DataDirLock`): with the ports, before anything starts, so
+        that a second broker on the same data dir starts nothing (exit 1: once the other
+        one stops, it may)."""
+        try:
+            self.data_lock = DataDirLock.acquire(Path(self.config.broker.data_dir))
+        except DataDirError as exc:
+            raise StartupError(str(exc)) from None
 
     def start_admin(self) -> None:
         """Serve the admin API bound by `bind_admin`, if any."""
@@ -681,6 +692,8 @@ class Supervisor:
             self.addresses.close()
             self.addresses.unlink()
         reloaded_config(self.config, self.instance).unlink(missing_ok=True)
+        if self.data_lock is not None:
+            self.data_lock.release()
         if self.instance_lock is not None:
             # Anything of this instance left behind (e.g. by a worker) goes too, then the
             # lock. (Without the lock we created nothing, and the instance is not ours.)
@@ -825,6 +838,7 @@ def serve(config: Config, reload_source: Callable[[], Config] | None = None) -> 
         # The ports first: a broker that cannot have them starts nothing.
         supervisor.reserve_port()
         supervisor.bind_admin()
+        supervisor.lock_data_dir()
         started = True
         supervisor.start_launcher()
         supervisor.create_segments()

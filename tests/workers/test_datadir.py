@@ -13,8 +13,11 @@ import pytest
 from mpbroker.config import ConfigError
 from mpbroker.routing import Topology
 from mpbroker.workers.datadir import (
+    LOCK_FILE,
     PARTITIONS_FILE,
     DataDirError,
+    DataDirInUse,
+    DataDirLock,
     PartitionMismatch,
     check_data_dir,
     owner_only,
@@ -143,3 +146,20 @@ def test_owner_only_takes_group_and_other_bits_off_and_counts_what_it_changed(
     assert stat.S_IMODE((tmp_path / "p2p-0" / "seg-1.db").stat().st_mode) == 0o600
     assert stat.S_IMODE((tmp_path / "mine").stat().st_mode) == 0o600
     assert owner_only(tmp_path) == 0  # nothing left to do
+
+
+def test_the_data_dir_lock_is_one_brokers_at_a_time(tmp_path: Path) -> None:
+    lock = DataDirLock.acquire(tmp_path)
+    path = tmp_path / LOCK_FILE
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    assert path.read_text() == f"{os.getpid()}\n"
+    # Another open of the file (as another broker's) cannot have it; it names the holder.
+    with pytest.raises(DataDirInUse) as refused:
+        DataDirLock.acquire(tmp_path)
+    assert refused.value.pid == os.getpid()
+    assert str(refused.value).startswith(f"data dir {tmp_path}: in use by another broker (pid ")
+    lock.release()
+    lock.release()  # idempotent
+    # Free again, whatever the file says (a broker that was killed leaves it).
+    path.write_text("999999999\n")
+    DataDirLock.acquire(tmp_path).release()
