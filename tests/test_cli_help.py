@@ -8,24 +8,13 @@ from __future__ import annotations
 import argparse
 import json
 import re
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from mpbroker.cli import build_parser, main
 from mpbroker.host import usable_cpus
-
-
-def walk(
-    parser: argparse.ArgumentParser, path: tuple[str, ...] = ()
-) -> Iterator[tuple[tuple[str, ...], argparse.ArgumentParser]]:
-    """Every parser in the tree with the command words that reach it."""
-    yield path, parser
-    for action in parser._actions:
-        if isinstance(action, argparse._SubParsersAction):
-            for name, sub in action.choices.items():
-                yield from walk(sub, (*path, name))
+from tests.test_cli import walk
 
 
 def subcommands(parser: argparse.ArgumentParser) -> dict[str, tuple[str, argparse.ArgumentParser]]:
