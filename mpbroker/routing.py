@@ -14,6 +14,7 @@ from typing import Literal
 
 __all__ = [
     "QUEUE_PREFIX",
+    "TEMPORARY_PREFIXES",
     "TOPIC_PREFIX",
     "Topology",
     "UnknownDestination",
@@ -48,11 +49,12 @@ class UnsupportedDestination(UnknownDestination):
         super().__init__(destination, f"{what}: {destination!r}")
 
 
+#: Temporary destinations of ActiveMQ's and RabbitMQ's STOMP (and RabbitMQ's reply queues).
+TEMPORARY_PREFIXES = ("/temp-queue/", "/temp-topic/", "/reply-queue/")
+
 # Destination kinds of other brokers, by prefix: what to tell their users.
 _OTHER_KINDS = (
-    ("/temp-queue/", "temporary destinations are not supported yet"),
-    ("/temp-topic/", "temporary destinations are not supported yet"),
-    ("/reply-queue/", "temporary destinations are not supported yet"),
+    *((prefix, "temporary destinations are not supported yet") for prefix in TEMPORARY_PREFIXES),
     ("/exchange/", "RabbitMQ exchanges are not supported: use /queue/NAME or /topic/NAME"),
     ("/amq/queue/", "RabbitMQ's /amq/queue/ is not supported: use /queue/NAME"),
 )

@@ -515,10 +515,9 @@ def rule_for(command: str, header: str) -> HeaderRule | None:
     rule = _NAMES.get((frame, header))
     if rule is not None:
         return rule
-    if header.startswith(FAMILIES):
-        for prefix in FAMILIES:
-            if header.startswith(prefix):
-                return _FAMILY_RULES.get((frame, prefix))
+    for prefix in FAMILIES:
+        if header.startswith(prefix):
+            return _FAMILY_RULES.get((frame, prefix))
     return None
 
 

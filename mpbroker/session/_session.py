@@ -56,6 +56,7 @@ from mpbroker.records import (
     message_size,
 )
 from mpbroker.routing import (
+    TEMPORARY_PREFIXES,
     TOPIC_PREFIX,
     Topology,
     UnknownDestination,
@@ -122,11 +123,17 @@ _ATTENTION_AT_MOST: Final = 4096
 # Per other frame, the names it honours whatever their value: no look-up for those (an ACK
 # is as frequent as a SEND).
 _HONOURED: Final = HONOURED
-# A reply-to naming a temporary destination could never be answered.
-_TEMPORARY_PREFIXES = ("/temp-queue/", "/temp-topic/", "/reply-queue/")
 # Header names a connection logs as ignored, at most (a client inventing new names for
 # every frame must not grow the session).
 _NOTED_AT_MOST = 64
+# The headers that name a durable subscription, the first present winning: ActiveMQ's,
+# Artemis' and its older one, and ActiveMQ 4's misspelling (NMS.Stomp still sends it).
+_DURABLE_NAMES = (
+    "activemq.subscriptionName",
+    "durable-subscription-name",
+    "durable-subscriber-name",
+    "activemq.subcriptionName",
+)
 # Artemis' routing types, and the kind of destination each one means.
 _ROUTING_TYPES = {"ANYCAST": "queue", "MULTICAST": "topic"}
 
@@ -454,7 +461,8 @@ class GatewaySession:
         the broker honours, refused, or noted as dropped."""
         value = frame.headers[key]
         if key == "reply-to":
-            if value.startswith(_TEMPORARY_PREFIXES):
+            # A reply-to naming a temporary destination could never be answered.
+            if value.startswith(TEMPORARY_PREFIXES):
                 raise UnsupportedHeader("SEND", key, "temporary destinations are not supported yet")
         elif key == "user-id":
             # (Without a users file `user` stays empty: the CONNECT's login is who it is.)
@@ -719,11 +727,8 @@ class GatewaySession:
         if sub_id in self._subs_by_id:
             raise SessionError(f"subscription id {sub_id!r} is already in use")
         pipeline = self._owner(destination)
-        if (
-            "#" in destination
-            and destination.startswith(TOPIC_PREFIX)
-            and "#" in destination[len(TOPIC_PREFIX) :].split(".")
-        ):
+        kind, path = parse_destination(destination)
+        if kind == "topic" and "#" in path.split("."):
             # RabbitMQ's wildcard for any number of words: taken literally, it would
             # subscribe to a topic nobody publishes to.
             raise UnsupportedHeader(
@@ -738,7 +743,6 @@ class GatewaySession:
                 f"unknown ack mode {ack_name!r}",
                 "allowed: auto, client, client-individual",
             )
-        kind, _ = parse_destination(destination)
         default = self.config.queues.prefetch if kind == "queue" else self.config.topics.prefetch
         # RabbitMQ's name for ActiveMQ's header; ActiveMQ's wins when both are there.
         name = (
@@ -823,13 +827,11 @@ class GatewaySession:
         `durable:true` (or `persistent:true`) names it by the `id`.
         """
         headers = frame.headers
-        name = (
-            headers.get("activemq.subscriptionName")
-            or headers.get("durable-subscription-name")
-            or headers.get("durable-subscriber-name")
-            # ActiveMQ 4's misspelling, which some clients (NMS.Stomp) still send.
-            or headers.get("activemq.subcriptionName")
-        )
+        name = None
+        for header in _DURABLE_NAMES:  # (as an `or` chain: the first one set, else the last)
+            name = headers.get(header)
+            if name:
+                break
         if name is None and _durable_flag(headers):
             name = sub_id
         if name is None:
@@ -860,11 +862,7 @@ class GatewaySession:
                 "UNSUBSCRIBE", "client-id", "it must be this connection's client-id"
             )
         remove = bool(sub.durable) and (
-            "activemq.subscriptionName" in headers
-            or "durable-subscription-name" in headers
-            or "durable-subscriber-name" in headers
-            or "activemq.subcriptionName" in headers
-            or _durable_flag(headers)
+            any(h in headers for h in _DURABLE_NAMES) or _durable_flag(headers)
         )
         if remove:
             self._permit("admin", sub.destination)

@@ -30,7 +30,7 @@ import json
 import os
 import re
 import stat
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from mpbroker.config import ConfigError
@@ -350,18 +350,7 @@ class PortsRecord:
         return abs(started - self.started) < 1.0
 
     def to_json(self) -> str:
-        names = (
-            "pid",
-            "started",
-            "host",
-            "port",
-            "tls_port",
-            "ws_port",
-            "wss_port",
-            "admin_host",
-            "admin_port",
-        )
-        return json.dumps({name: getattr(self, name) for name in names}, indent=2) + "\n"
+        return json.dumps(asdict(self), indent=2) + "\n"
 
 
 def _port_or_none(value: object) -> int | None:
