@@ -8,6 +8,7 @@ import contextlib
 import errno
 import os
 import subprocess
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -53,3 +54,31 @@ def fill(path: Path) -> None:
                 except OSError as exc:
                     assert exc.errno == errno.ENOSPC, exc
                     break
+
+
+@contextlib.contextmanager
+def kept_full(mount: Path, every_s: float = 0.005) -> Iterator[None]:
+    """Fill the filesystem of `mount` and keep it full from outside the broker, as another
+    program would: whatever space appears (a disk reserve the broker gives back, a segment
+    it retires) is taken again within `every_s`. At the end the filler files go."""
+    stop = threading.Event()
+    files: list[Path] = []
+
+    def take_what_appears() -> None:
+        while not stop.is_set():
+            if os.statvfs(mount).f_bavail:
+                files.append(mount / f"filler-{len(files)}")
+                fill(files[-1])
+            stop.wait(every_s)
+
+    files.append(mount / "filler-0")
+    fill(files[0])
+    filler = threading.Thread(target=take_what_appears, name="kept-full", daemon=True)
+    filler.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        filler.join()
+        for path in files:
+            path.unlink(missing_ok=True)

@@ -5,7 +5,7 @@ from abc import ABC, abstractmethod
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import ClassVar
+from typing import ClassVar, Final
 
 from mpbroker.records import (
     ACK_AUTO,
@@ -203,6 +203,10 @@ class Consumer:
         return messages
 
 
+# Connections followed at once by `Engine.closing_for_broker_failure`.
+MAX_CLOSED_BY_BROKER: Final = 4096
+
+
 class Engine(ABC):
     """What every pipeline engine does with consumers, acks, receipts and barriers.
 
@@ -229,6 +233,9 @@ class Engine(ABC):
         self.totals = DestinationTotals()
         # The worker's clock, set before each batch (`tick`: an engine reads no clock).
         self.now_ms = 0
+        # Connections the broker is closing for its own failure (an ERROR for an ACK its
+        # store could not write): what their consumers leave comes back uncounted.
+        self.closed_by_broker: set[tuple[int, int]] = set()
 
     def tick(self, now_ms: int) -> None:
         """The worker's clock, before each batch: expiry compares with it."""
@@ -296,7 +303,9 @@ class Engine(ABC):
                 self._receipt(gateway, record.conn, record.receipt)
             case ConnClosed():
                 keys = [k for k in self.consumers if k[0] == gateway and k[1] == record.conn]
-                self._remove(keys, requeue_auto=True)
+                ours = (gateway, record.conn) in self.closed_by_broker
+                self.closed_by_broker.discard((gateway, record.conn))
+                self._remove(keys, requeue_auto=True, counted=not ours)
             case Hello():
                 # The gateway died: auto-mode deliveries it held may have reached a client,
                 # so they must not come back (at most once); client-mode ones do.
@@ -320,10 +329,19 @@ class Engine(ABC):
             )
             return None
 
-    def _remove(self, keys: list[ConsumerKey], *, requeue_auto: bool) -> None:
+    def closing_for_broker_failure(self, gateway: int, conn: int) -> None:
+        """The broker refused a frame of this connection for its own failure (a store
+        that could not write), which ends the connection: the deliveries its consumers
+        leave behind will not count against `max_redeliveries`."""
+        if len(self.closed_by_broker) >= MAX_CLOSED_BY_BROKER:
+            # Entries whose ConnClosed never came (the connection was gone already).
+            self.closed_by_broker.clear()
+        self.closed_by_broker.add((gateway, conn))
+
+    def _remove(self, keys: list[ConsumerKey], *, requeue_auto: bool, counted: bool = True) -> None:
         removed = [c for c in (self.consumers.pop(key, None) for key in keys) if c is not None]
         if removed:
-            self._removed(removed, requeue_auto=requeue_auto)
+            self._removed(removed, requeue_auto=requeue_auto, counted=counted)
 
     def _receipt(self, gateway: int, conn: int, receipt: str) -> None:
         if receipt:
@@ -352,5 +370,8 @@ class Engine(ABC):
         """A new consumer was registered."""
 
     @abstractmethod
-    def _removed(self, consumers: list[Consumer], *, requeue_auto: bool) -> None:
-        """Consumers went away (already out of `self.consumers`), with their windows."""
+    def _removed(
+        self, consumers: list[Consumer], *, requeue_auto: bool, counted: bool = True
+    ) -> None:
+        """Consumers went away (already out of `self.consumers`), with their windows
+        (`counted`: their consumers' doing, not the broker's)."""

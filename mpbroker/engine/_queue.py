@@ -85,11 +85,16 @@ class QueueEffects:
     settled: list[StoredRef] = field(default_factory=list)
     #: Stored messages delivered and back in their queue: count the delivery in the store.
     returned: list[StoredRef] = field(default_factory=list)
+    #: Stored messages back in their queue through no doing of their consumer (the store
+    #: could not write its ACK, or the broker closed its connection for that): flag them
+    #: redelivered in the store without counting the delivery (see `QueueEngine._requeue`).
+    flagged: list[StoredRef] = field(default_factory=list)
     #: Stored messages that expired: settle them as expired.
     expired: list[StoredRef] = field(default_factory=list)
-    #: Stored messages moving to another queue, as (original's seq, copy, outcome): store
-    #: the copy, settle the original with the outcome, then `enqueue_dead_letters(copies)`.
-    dead_letters: list[tuple[int, Message, str]] = field(default_factory=list)
+    #: Stored messages moving to another queue, as (original, copy, outcome): store the
+    #: copy, settle the original with the outcome, then `enqueue_dead_letters(copies)`; if
+    #: the copies cannot be stored, `unmove(originals)` puts the originals back.
+    dead_letters: list[tuple[Message, Message, str]] = field(default_factory=list)
     #: Lines the `log` expiry policy wrote (WebLogic's format), for the expiry log.
     expiry_log: list[str] = field(default_factory=list)
     #: Quota tickets whose waiting SENDs may go now: room was given back.
@@ -323,8 +328,26 @@ class QueueEngine(Engine):
 
     def unsettle(self, queue_name: str, messages: list[Message]) -> None:
         """Acknowledged stored messages whose settlement the store could not record: they
-        were not acknowledged after all. Back at the head of their queue, redelivered, as
-        a NACK would put them, and counted as held again."""
+        were not acknowledged after all. Back at the head of their queue, flagged
+        redelivered but not counted against `max_redeliveries` (the store failed, not the
+        consumer), and counted as held again."""
+        queue = self._held_again(queue_name, messages)
+        self._dispatch(queue, self._requeue(queue, messages, counted=False))
+
+    def unmove(self, messages: list[Message]) -> None:
+        """Stored messages whose move to another queue (a dead-letter queue, an expiry
+        redirect) the store could not record: back at the head of their own queue as they
+        were, held again. The move is tried again when they next come back or expire."""
+        by_queue: dict[str, list[Message]] = {}
+        for message in messages:
+            by_queue.setdefault(message.destination, []).append(message)
+        for queue_name, back in by_queue.items():
+            queue = self._held_again(queue_name, back)
+            self._dispatch(queue, self._back_at_head(queue, back))
+
+    def _held_again(self, queue_name: str, messages: list[Message]) -> _Queue:
+        """Messages that had left their queue's accounting (settled, moved) count in it,
+        its quota and its flow control again; returns the queue."""
         queue = self.queues.get(queue_name)
         if queue is None:
             queue = self.queues[queue_name] = _Queue(queue_name)
@@ -336,7 +359,7 @@ class QueueEngine(Engine):
             flow = self.flow_persistent if message.persistent else self.flow_volatile
             if flow is not None:
                 flow.add(queue_name, 1, message.size)
-        self._dispatch(queue, self._requeue(queue, messages))
+        return queue
 
     def restore(self, message: Message, queue: str = "") -> None:
         """A stored message back in memory (after a restart, or replayed), in `queue`
@@ -515,8 +538,11 @@ class QueueEngine(Engine):
         lane.consumers.append(consumer)
         self._drain(queue, lane)
 
-    def _removed(self, consumers: list[Consumer], *, requeue_auto: bool) -> None:
-        """Put the unsettled messages of departed consumers back, then dispatch.
+    def _removed(
+        self, consumers: list[Consumer], *, requeue_auto: bool, counted: bool = True
+    ) -> None:
+        """Put the unsettled messages of departed consumers back, then dispatch
+        (`counted`: their deliveries count against `max_redeliveries`; see `_requeue`).
 
         All are out of their queues before anything is dispatched, so messages requeued
         from one can never be handed to another that is going away too.
@@ -539,7 +565,9 @@ class QueueEngine(Engine):
                 # once, so they come back.
                 self._forget(queue, [m for m in unsettled if not m.persistent])
                 unsettled = [m for m in unsettled if m.persistent]
-            refilled.setdefault(queue.name, []).extend(self._requeue(queue, unsettled))
+            refilled.setdefault(queue.name, []).extend(
+                self._requeue(queue, unsettled, counted=counted)
+            )
         for queue in touched.values():
             # Only lanes that got messages back can have new work (nobody else got room).
             self._dispatch(queue, refilled.get(queue.name, []))
@@ -578,12 +606,25 @@ class QueueEngine(Engine):
             queue.name, self.settings.dead_letter_prefix
         )
 
-    def _requeue(self, queue: _Queue, messages: list[Message]) -> list[_Lane]:
-        """Delivered messages come back to the head of the queue, in their order; one
-        returned more than `max_redeliveries` times goes to the dead-letter queue. Returns
-        the selector lanes that got some back."""
+    def _requeue(
+        self, queue: _Queue, messages: list[Message], *, counted: bool = True
+    ) -> list[_Lane]:
+        """Delivered messages come back to the head of the queue, in their order, flagged
+        redelivered; returns the selector lanes that got some back.
+
+        A delivery that came back through its consumer (NACK, unsubscribe, a connection
+        that ended) is `counted`: a message returned more than `max_redeliveries` times
+        goes to the dead-letter queue. One that came back through the broker's own failure
+        (an ACK the store could not write, and the connection the broker closed for it)
+        is not: a full disk must not dead-letter what consumers accepted. It is flagged
+        all the same, in the store too (`flagged`), since it may have reached a client.
+        """
+        if not counted:
+            back = [msgspec.structs.replace(m, redelivered=True) for m in messages]
+            self._effects.flagged.extend((queue.name, m.seq) for m in back if m.seq)
+            return self._back_at_head(queue, back)
         limit = self.settings.max_redeliveries
-        back: list[Message] = []
+        back = []
         for message in messages:
             again = _redelivery(message)
             if 0 <= limit < again.deliveries and self._has_dead_letter_queue(queue):
@@ -592,6 +633,10 @@ class QueueEngine(Engine):
             else:
                 back.append(again)
         self._effects.returned.extend((queue.name, m.seq) for m in back if m.seq)
+        return self._back_at_head(queue, back)
+
+    def _back_at_head(self, queue: _Queue, back: list[Message]) -> list[_Lane]:
+        """Messages that were out of the queue wait at its head again, in their order."""
         if self.index_cache is not None:
             # Back with their bodies: they count in the cache again (entries and bytes).
             stored = [m for m in back if m.seq]
@@ -631,7 +676,7 @@ class QueueEngine(Engine):
             self.held_bytes -= message.size
         self._flow_left(queue, [message])
         if message.seq:
-            self._effects.dead_letters.append((message.seq, copy, outcome))
+            self._effects.dead_letters.append((message, copy, outcome))
         else:
             self.enqueue_dead_letters([copy])
 

@@ -633,7 +633,9 @@ class TopicEngine(Engine):
             stops[""] = reason
         return stops
 
-    def _removed(self, consumers: list[Consumer], *, requeue_auto: bool) -> None:
+    def _removed(
+        self, consumers: list[Consumer], *, requeue_auto: bool, counted: bool = True
+    ) -> None:
         # A non-durable subscription's backlog and window go with it.
         for consumer in consumers:
             self.live_total -= len(consumer.pending)

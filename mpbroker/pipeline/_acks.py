@@ -4,7 +4,9 @@ A RECEIPT says the acknowledgement is done, so it goes only after the settlement
 delivery count of a NACK) is committed. When the store cannot write it (a full filesystem
 with its reserve spent, an I/O error), the client hears an ERROR instead, which closes its
 connection as every STOMP ERROR does; an acknowledged message goes back to the head of its
-queue, redelivered, since it was not acknowledged after all. Everything else goes on.
+queue, redelivered, since it was not acknowledged after all. Neither that return nor those
+of the connection the ERROR ends count against `max_redeliveries`: the broker failed, not
+the consumer. Everything else goes on.
 """
 
 from __future__ import annotations
@@ -24,8 +26,8 @@ log = logging.getLogger("mpbroker.pipeline")
 _DETAIL = {
     "ACK": "The acknowledgement was not stored: the message is unacknowledged and will be "
     "delivered again (redelivered).",
-    "NACK": "The NACK was not stored: it applies in memory, but after a restart the message "
-    "may be delivered again as if it had not been refused.",
+    "NACK": "The NACK was not stored: it applies in memory, and its delivery count is "
+    "written once the store can take it.",
 }
 
 
@@ -73,6 +75,8 @@ def answer_stored_acks(
         back = [m for m in ack.messages if m.seq in failures.unsettled]
         if back and (takes_back is None or takes_back(ack.queue)):
             engine.unsettle(ack.queue, back)
+        # The ERROR ends the connection; what its consumers leave comes back uncounted.
+        engine.closing_for_broker_failure(ack.gateway, ack.conn)
         outbox.add(
             ack.gateway,
             Refuse(

@@ -149,6 +149,8 @@ class TopicPersistence:
         self.cleanup_gap_ms = settings.cleanup_gap_ms
         self.scan_interval_ms = int(config.queues.expiry_scan_interval_s * 1000)
         self.next_scan_ms = 0
+        # When delivery counts the filesystem did not take are tried again.
+        self.next_count_retry_ms = 0
         self.configure_expiry(config)
 
     def configure_expiry(self, config: Config) -> None:
@@ -217,17 +219,26 @@ class TopicPersistence:
         now = epoch_ms()
         store = self.store
         failures = WriteFailures()
+        if store.unwritten_deliveries and now >= self.next_count_retry_ms:
+            try:
+                store.write_returns()
+            except StoreError as exc:
+                log_store_error("writing delivery counts kept in memory (retried in a second)", exc)
+                self.next_count_retry_ms = now + 1000
         if effects.settled:
             try:
                 store.ack(_by_subscription(effects.settled), "acked", now)
             except StoreError as exc:
                 log_store_error("recording acknowledgements", exc)
                 failures.failed((seq for _, seq in effects.settled), exc, settle=True)
-        if effects.returned:
+        # A durable subscription has no max_redeliveries: a delivery the broker's failure
+        # brought back (`flagged`) is counted like any other.
+        returned = effects.returned + effects.flagged
+        if returned:
             try:
-                store.returned(_by_subscription(effects.returned))
+                store.returned(_by_subscription(returned))
             except StoreError as exc:
-                log_store_error("counting deliveries", exc)
+                log_store_error("counting deliveries (kept in memory, written later)", exc)
                 failures.failed((seq for _, seq in effects.returned), exc, settle=False)
         try:
             if effects.expired:

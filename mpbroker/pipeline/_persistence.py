@@ -82,6 +82,8 @@ class QueuePersistence:
         # Expired messages still to be settled in the store, a batch per cleanup_gap_ms.
         self.expired_backlog: list[int] = []
         self.next_cleanup_ms = 0
+        # When delivery counts the filesystem did not take are tried again.
+        self.next_count_retry_ms = 0
         self.buffer: CommitBuffer[tuple[int, Send]] = CommitBuffer.for_settings(commit)
 
     def recover(self) -> int:
@@ -100,8 +102,10 @@ class QueuePersistence:
         for stored in self.store.live(full=cache.max_entries if cache is not None else None):
             # After a crash, counted as delivered once more: it may have reached a consumer.
             deliveries = stored.deliveries if clean else stored.deliveries + 1
+            # A message the broker's own failure brought back has a delivery row counting 0.
+            redelivered = stored.message.redelivered or deliveries > 0
             message = msgspec.structs.replace(
-                stored.message, seq=stored.seq, deliveries=deliveries, redelivered=deliveries > 0
+                stored.message, seq=stored.seq, deliveries=deliveries, redelivered=redelivered
             )
             self.engine.restore(message)
             restored += 1
@@ -155,31 +159,32 @@ class QueuePersistence:
         if due is not None and due <= 0:
             self.commit()
 
-    def _move_dead_letters(self, moves: list[tuple[int, Message, str]], now: int) -> None:
+    def _move_dead_letters(self, moves: list[tuple[Message, Message, str]], now: int) -> None:
         """Store the dead-letter copies, then settle their originals.
 
         In that order: a crash in between leaves a duplicate (at least once), never a loss.
-        If the copies cannot be stored, the originals stay in the store (they come back
-        in their queue after a restart) and the copies are kept in memory meanwhile (the
-        StoreError is raised after that).
+        If the copies cannot be stored, the originals go back to their queue, as stored
+        (the move is tried again when they next come back or expire), and the StoreError is
+        raised: a dead letter that is not on disk is never delivered, so no ACK of it can
+        be answered with a RECEIPT.
         """
         engine = self.engine
         copies = [copy for _, copy, _ in moves]
         try:
             seqs = self.store.append(copies)
         except StoreError:
-            engine.enqueue_dead_letters(copies)
+            engine.unmove([original for original, _, _ in moves])
             raise
         for copy, seq in zip(copies, seqs, strict=True):
             copy.seq = seq
         engine.enqueue_dead_letters(copies)
         # A dead letter's last delivery came back too (the NACK or the return that sent it
         # there): counted, so the store's count is the one its dead-letter reason names.
-        returned = [seq for seq, _, outcome in moves if outcome == "dead-lettered"]
+        returned = [m.seq for m, _, outcome in moves if outcome == "dead-lettered"]
         if returned:
             self.store.record_delivery(returned)
         for outcome in {outcome for _, _, outcome in moves}:
-            seqs = [seq for seq, _, o in moves if o == outcome]
+            seqs = [m.seq for m, _, o in moves if o == outcome]
             self.store.settle(seqs, outcome, now)
 
     def write_back(self, effects: QueueEffects) -> None:
@@ -194,12 +199,18 @@ class QueuePersistence:
         now = epoch_ms()
         store = self.store
         failures = WriteFailures()
+        if store.unwritten_deliveries and now >= self.next_count_retry_ms:
+            try:
+                store.write_delivery_counts()
+            except StoreError as exc:
+                log_store_error("writing delivery counts kept in memory (retried in a second)", exc)
+                self.next_count_retry_ms = now + 1000
         if effects.dead_letters:
             try:
                 self._move_dead_letters(effects.dead_letters, now)
             except StoreError as exc:
-                log_store_error("moving dead letters (kept in memory meanwhile)", exc)
-                failures.failed((seq for seq, _, _ in effects.dead_letters), exc, settle=False)
+                log_store_error("moving dead letters (left in their queues)", exc)
+                failures.failed((m.seq for m, _, _ in effects.dead_letters), exc, settle=False)
         if effects.settled:
             seqs = [seq for _, seq in effects.settled]
             try:
@@ -212,8 +223,13 @@ class QueuePersistence:
             try:
                 store.record_delivery(seqs)
             except StoreError as exc:
-                log_store_error("counting deliveries", exc)
+                log_store_error("counting deliveries (kept in memory, written later)", exc)
                 failures.failed(seqs, exc, settle=False)
+        if effects.flagged:
+            try:
+                store.record_delivery([seq for _, seq in effects.flagged], counted=False)
+            except StoreError as exc:
+                log_store_error("flagging redeliveries (kept in memory, written later)", exc)
         self.expired_backlog.extend(seq for _, seq in effects.expired)
         if self.expired_backlog and now >= self.next_cleanup_ms:
             chunk = self.expired_backlog[: self.cleanup_batch]

@@ -17,7 +17,11 @@ active segment (ack compaction), so a restart never resurrects a settled message
 In memory the store keeps, per segment, the seq and size of every unsettled message (a
 LiveSet: a few bytes a message, so a backlog nobody consumes does not pin memory) and, per
 redelivered unsettled message, its delivery count: retirement, settle and statistics need no
-scan.
+scan. A delivery row is what says a message was delivered before (`redelivered`); its count
+says how many of those deliveries count against `max_redeliveries`, so a message returned
+only through the broker's own failure has a row with count 0 (`record_delivery(counted=
+False)`). A count the filesystem could not take stays in memory, marked unwritten, and is
+written with the next delivery rows, by `write_delivery_counts`, or before a clean stop.
 The store is used by one thread of one process (the partition's pipeline worker), the only
 writer of its directory.
 """
@@ -99,8 +103,9 @@ _UPSERT_DELIVERY: Final = (
 MessageRow = tuple[int, str, str, bytes, bytes, int, int, int, int, str]
 
 
-def message_from_row(row: MessageRow, deliveries: int) -> Message:
-    """A stored message (a row of `_SELECT_MESSAGE`) as the broker keeps it."""
+def message_from_row(row: MessageRow, deliveries: int, redelivered: bool | None = None) -> Message:
+    """A stored message (a row of `_SELECT_MESSAGE`) as the broker keeps it; `redelivered`
+    defaults to `deliveries > 0`."""
     (
         seq,
         message_id,
@@ -122,7 +127,7 @@ def message_from_row(row: MessageRow, deliveries: int) -> Message:
         persistent=True,
         priority=priority,
         expires_ms=expires_ms,
-        redelivered=deliveries > 0,
+        redelivered=deliveries > 0 if redelivered is None else redelivered,
         size=size,
         seq=seq,
         deliveries=deliveries,
@@ -142,8 +147,8 @@ class StoredMessage:
     seq: int
     """Store-assigned reference, strictly increasing across segments."""
     message: Message
-    """The message; `persistent` is True, `redelivered` is `deliveries > 0`, and its own
-    `seq` and `deliveries` fields are filled in too."""
+    """The message; `persistent` is True, `redelivered` says whether it was delivered
+    before (a delivery row), and its own `seq` and `deliveries` fields are filled in too."""
     deliveries: int
     """Delivery attempts that came back (NACK, consumer gone); survives restarts."""
 
@@ -208,7 +213,10 @@ class MessageStore:
         self._bases = [s.base_seq for s in segments]  # for bisect: seq -> owning segment
         self._clock = clock
         self._closed = False
-        self._deliveries: dict[int, int] = {}  # live seq -> delivery count (absent = 0)
+        # Live seq -> counted deliveries; present (even at 0) = delivered before.
+        self._deliveries: dict[int, int] = {}
+        # Seqs whose entry in _deliveries the filesystem has not taken yet.
+        self._unwritten: set[int] = set()
         self._next_seq = 1
         self._active_bytes = 0
         self._retired = 0
@@ -310,7 +318,7 @@ class MessageStore:
             # Only the last segment can be unsealed; an older unsealed one (a crash between
             # a roll's creating the next segment and sealing this one) is treated as sealed
             # and never written.
-        self._deliveries = {s: c for s, c in self._deliveries.items() if c > 0 and self._is_live(s)}
+        self._deliveries = {s: c for s, c in self._deliveries.items() if self._is_live(s)}
         self._next_seq = next_seq
         for seg in self._segments[:-1]:
             seg.sealed = True
@@ -439,6 +447,7 @@ class MessageStore:
         for seq, seg in owned.items():
             seg.live.discard(seq)
             self._deliveries.pop(seq, None)
+            self._unwritten.discard(seq)
         self._settles += len(owned)
         if self.low_on_disk and active.messages and not active.live:
             # Drained while space is short: seal it now so that its file goes (unchecked:
@@ -468,19 +477,44 @@ class MessageStore:
                 found += rows
         return found
 
-    def record_delivery(self, seqs: Sequence[int]) -> None:
-        """Count one more delivery attempt that came back for each live seq (persistently)."""
+    def record_delivery(self, seqs: Sequence[int], *, counted: bool = True) -> None:
+        """Record, persistently, that a delivery of each live seq came back: counted (one
+        more against `max_redeliveries`), or only flagged (`counted=False`: the broker's
+        own failure brought it back; the message is marked delivered before).
+
+        The counts are kept in memory first: if the filesystem cannot take them (StoreError
+        is raised), they are written with the next ones, by `write_delivery_counts`, or
+        before a clean stop, so `redelivered` survives a full disk."""
         self._ensure_open("record_delivery()")
         counts: dict[int, int] = {}
         for seq in seqs:
             seg = self._owner(seq)
-            if seg is not None and seq in seg.live:
-                counts[seq] = counts.get(seq, self._deliveries.get(seq, 0)) + 1
+            if seg is None or seq not in seg.live:
+                continue
+            known = counts.get(seq, self._deliveries.get(seq))
+            if counted:
+                counts[seq] = (known or 0) + 1
+            elif known is None:
+                counts[seq] = 0
         if not counts:
             return
-        active = self._ensure_active()
-        self._write(active, "record_delivery", [(_UPSERT_DELIVERY, list(counts.items()))])
         self._deliveries.update(counts)
+        self._unwritten.update(counts)
+        self.write_delivery_counts()
+
+    @property
+    def unwritten_deliveries(self) -> int:
+        """Delivery counts kept in memory that the filesystem has not taken yet."""
+        return len(self._unwritten)
+
+    def write_delivery_counts(self) -> None:
+        """Write the delivery counts not written yet (StoreError if it still cannot)."""
+        self._ensure_open("write_delivery_counts()")
+        rows = [(seq, self._deliveries[seq]) for seq in self._unwritten if seq in self._deliveries]
+        if rows:
+            active = self._ensure_active()
+            self._write(active, "record_delivery", [(_UPSERT_DELIVERY, rows)])
+        self._unwritten.clear()
 
     def roll(self) -> None:
         """Seal the active segment and start a new one (no-op if the active one is empty of
@@ -747,8 +781,10 @@ class MessageStore:
         return found
 
     def _stored(self, row: MessageRow) -> StoredMessage:
-        deliveries = self._deliveries.get(row[0], 0)
-        return StoredMessage(row[0], message_from_row(row, deliveries), deliveries)
+        counted = self._deliveries.get(row[0])
+        deliveries = counted or 0
+        message = message_from_row(row, deliveries, redelivered=counted is not None)
+        return StoredMessage(row[0], message, deliveries)
 
     def _paged(self, row: IndexRow) -> StoredMessage:
         (
@@ -762,7 +798,8 @@ class MessageStore:
             size,
             encoding,
         ) = row
-        deliveries = self._deliveries.get(seq, 0)
+        counted = self._deliveries.get(seq)
+        deliveries = counted or 0
         message = Message(
             message_id=message_id,
             destination=destination,
@@ -772,7 +809,7 @@ class MessageStore:
             persistent=True,
             priority=priority,
             expires_ms=expires_ms,
-            redelivered=deliveries > 0,
+            redelivered=counted is not None,
             size=size,
             seq=seq,
             deliveries=deliveries,
@@ -815,8 +852,10 @@ class MessageStore:
         """Say that every delivery that may have reached a client is counted in the store
         (the owner counted those still in consumers' windows with `record_delivery`), so
         the next open may trust the counts (`stopped_cleanly`). Call it last, just before
-        `close()`: a write after it would not be covered."""
+        `close()`: a write after it would not be covered. Counts not written yet are
+        written first; if they cannot be, StoreError, and the store is not marked."""
         self._ensure_open("mark_clean_stop()")
+        self.write_delivery_counts()
         path = self.directory / CLEAN_STOP_NAME
         try:
             with open(path, "w") as fh:

@@ -141,7 +141,7 @@ _PRIORITIES_AFTER: Final = " UNION ALL ".join(
     f" (SELECT 1 FROM pending WHERE sub = ?1 AND priority = {p} AND seq > ?{p + 2})"
     for p in range(PRIORITIES - 1, -1, -1)
 )
-_COUNT_RETURN: Final = "UPDATE pending SET deliveries = deliveries + 1 WHERE sub = ? AND seq = ?"
+_COUNT_RETURNS: Final = "UPDATE pending SET deliveries = deliveries + ? WHERE sub = ? AND seq = ?"
 # MessageStore.settle() is one transaction per call; a huge unsubscribe is settled in slices
 # so no single transaction (nor its in-memory statement list) grows without bound.
 _SETTLE_SLICE: Final = 10_000
@@ -218,6 +218,9 @@ class TopicStore:
         self.registry_path = Path(registry_path)
         self._clock = clock
         self._closed = False
+        # Returned deliveries the filesystem did not take yet, (subscription, seq) -> how
+        # many: written with the next ones (`returned`, `write_returns`).
+        self._unwritten_returns: dict[tuple[str, int], int] = {}
         try:
             db = self._open_registry(settings)
         except StoreError as exc:
@@ -457,20 +460,41 @@ class TopicStore:
 
     def returned(self, pairs: Sequence[tuple[str, int]]) -> None:
         """A delivery of each (subscription, seq) came back (NACK, subscriber gone): count it,
-        so the next delivery is flagged redelivered. Unknown pairs are ignored."""
-        if not pairs:
+        so the next delivery is flagged redelivered. Unknown pairs are ignored.
+
+        Counts the filesystem cannot take (StoreError) are kept in memory and written with
+        the next ones or by `write_returns`, so `redelivered` survives a full disk."""
+        unwritten = self._unwritten_returns
+        for pair in pairs:
+            unwritten[pair] = unwritten.get(pair, 0) + 1
+        if not unwritten:
             return
+        rows = [(count, sub, seq) for (sub, seq), count in unwritten.items()]
 
         def work(conn: sqlite3.Connection) -> list[int]:
             counted: list[int] = []
-            for pair in pairs:
-                if conn.execute(_COUNT_RETURN, pair).rowcount:
-                    counted.append(pair[1])
+            for row in rows:
+                if conn.execute(_COUNT_RETURNS, row).rowcount:
+                    counted.extend([row[2]] * row[0])
             return counted
 
+        counted = self._write("returned", work)
+        unwritten.clear()
         # The message's own count too, over all its subscriptions, for what reads the
         # segments (the export's `redeliveries`): a pending row's count goes with its ack.
-        self.messages.record_delivery(self._write("returned", work))
+        # (Kept by the message store if it cannot be written now.)
+        self.messages.record_delivery(counted)
+
+    @property
+    def unwritten_deliveries(self) -> int:
+        """Returned deliveries kept in memory that the filesystem has not taken yet."""
+        return len(self._unwritten_returns) + self.messages.unwritten_deliveries
+
+    def write_returns(self) -> None:
+        """Write the returned deliveries not written yet (StoreError if it still cannot)."""
+        self.returned(())
+        if self.messages.unwritten_deliveries:
+            self.messages.write_delivery_counts()
 
     def expire(self, seqs: Sequence[int], at_ms: int) -> None:
         """Drop the messages `seqs` for every subscription and settle them as `expired`."""

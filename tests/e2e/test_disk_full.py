@@ -3,7 +3,9 @@ mounts, so it needs root): `store.disk_free_limit_bytes` stops persistent produc
 the disk is full, as RabbitMQ's disk_free_limit does, and lets them go once there is room;
 when the filesystem is full all the same, the disk reserve lets acknowledgements be stored
 and draining free space, an acknowledgement that cannot be stored is refused (never a
-RECEIPT), and the broker starts."""
+RECEIPT), and the broker starts. When something else keeps the filesystem full, nothing is
+receipted that is not stored, nothing is dead-lettered for the broker's failure, and the
+delivery counts the store could not take are written later (`redelivered` survives)."""
 
 from __future__ import annotations
 
@@ -12,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from mpbroker.harness import BrokerProcess, RawClient
+from mpbroker.harness import BrokerClosed, BrokerProcess, FrameTimeout, RawClient
 from mpbroker.stomp import Frame
-from tests.filesystems import fill, small_tmpfs
+from tests.filesystems import fill, kept_full, small_tmpfs
 
 RawFactory = Callable[[BrokerProcess], RawClient]
 
@@ -249,3 +251,110 @@ def test_the_broker_starts_on_a_full_filesystem_and_its_messages_can_be_drained(
         "SUBSCRIBE", {"destination": "/queue/disk", "id": "c", "ack": "client-individual"}
     )
     assert heads(receive_and_ack(consumer, 50)) == numbered(50)
+
+
+def take_acking_each(client: RawClient, quiet_s: float = 1.0) -> tuple[list[bytes], set[bytes]]:
+    """Until the connection closes or is quiet for `quiet_s`: ACK every MESSAGE with a
+    receipt naming its head; (heads delivered, heads whose ACK got a RECEIPT)."""
+    delivered: list[bytes] = []
+    receipted: set[bytes] = set()
+    while True:
+        try:
+            frame = client.recv(timeout=quiet_s)
+        except (FrameTimeout, BrokerClosed, ConnectionResetError):
+            return delivered, receipted
+        if frame.command == "MESSAGE":
+            delivered.append(frame.body[:4])
+            try:
+                ack(client, frame.headers["ack"], "ack:" + frame.body[:4].decode())
+            except OSError:
+                return delivered, receipted  # closed by the ERROR of an earlier ACK
+        elif frame.command == "RECEIPT":
+            receipted.add(frame.headers["receipt-id"][len("ack:") :].encode())
+        else:
+            assert frame.command == "ERROR", frame
+            assert frame.headers["message"].startswith("ACK not stored: "), frame
+
+
+def test_a_disk_kept_full_from_outside_gets_no_false_receipt_and_dead_letters_nothing(
+    small_fs: Path, start_broker: type[BrokerProcess], raw: RawFactory
+) -> None:
+    # The broker's reserve is given back on the first ACK that finds the disk full (that
+    # one is stored); the filler takes the space again at once, as another program would.
+    config = FULL_DISK + "[queues]\nmax_redeliveries = 1\n"
+    broker = start_broker("--gateways", "1", config=config, data_dir=small_fs / "data")
+    producer = raw(broker)
+    producer.connect()
+    send_stored(producer, 20)
+    receipted: set[bytes] = set()
+    delivered_before: set[bytes] = set()
+    with kept_full(small_fs):
+        # Consumers come back again and again; every ACK they send fails, and with it their
+        # connection: were those returns counted, every message would pass max_redeliveries.
+        for _ in range(4):
+            for destination in ("/queue/disk", "/queue/DLQ.disk"):
+                consumer = raw(broker)
+                consumer.connect()
+                # One message at a time: the filler takes the reserve back between ACKs.
+                consumer.send(
+                    "SUBSCRIBE",
+                    {
+                        "destination": destination,
+                        "id": "c",
+                        "ack": "client-individual",
+                        "prefetch-count": "1",
+                    },
+                )
+                delivered, acked = take_acking_each(consumer)
+                assert destination == "/queue/disk" or not delivered, "a dead letter"
+                receipted |= acked
+                delivered_before.update(delivered)
+                consumer.close()
+    assert len(receipted) < 20
+    broker.stop_checked()
+    broker = start_broker("--gateways", "1", config=config, data_dir=small_fs / "data")
+    consumer = raw(broker)
+    consumer.connect()
+    consumer.send("SUBSCRIBE", {"destination": "/queue/DLQ.disk", "id": "d"})
+    consumer.send(
+        "SUBSCRIBE", {"destination": "/queue/disk", "id": "c", "ack": "client-individual"}
+    )
+    left = 20 - len(receipted)
+    messages = receive_and_ack(consumer, left)
+    consumer.assert_no_frame(0.5)
+    # What was receipted stays acknowledged; the rest is all there, in its queue (nothing
+    # dead-lettered), flagged if it was delivered before.
+    assert sorted(heads(messages)) == sorted(set(numbered(20)) - receipted)
+    assert all(m.headers["subscription"] == "c" for m in messages)
+    flagged = {m.body[:4] for m in messages if m.headers.get("redelivered") == "true"}
+    assert flagged == delivered_before - receipted
+
+
+def test_delivery_counts_a_full_disk_did_not_take_are_written_later(
+    small_fs: Path, start_broker: type[BrokerProcess], raw: RawFactory
+) -> None:
+    config = FULL_DISK.replace('"1MiB"', "0")  # no reserve: every count fails
+    broker = start_broker("--gateways", "1", config=config, data_dir=small_fs / "data")
+    producer = raw(broker)
+    producer.connect()
+    send_stored(producer, 20)
+    with kept_full(small_fs):
+        consumer = raw(broker)
+        consumer.connect()
+        consumer.send(
+            "SUBSCRIBE", {"destination": "/queue/disk", "id": "c", "ack": "client-individual"}
+        )
+        assert len([consumer.recv(timeout=10) for _ in range(20)]) == 20
+        consumer.close()  # all 20 come back: their counts cannot be stored now
+        broker.wait_for_log(r"store error while counting deliveries")
+    # Room again; a clean stop (its marker says the counts are complete) and a start.
+    broker.stop_checked()
+    broker = start_broker("--gateways", "1", config=config, data_dir=small_fs / "data")
+    consumer = raw(broker)
+    consumer.connect()
+    consumer.send(
+        "SUBSCRIBE", {"destination": "/queue/disk", "id": "c", "ack": "client-individual"}
+    )
+    messages = receive_and_ack(consumer, 20)
+    assert heads(messages) == numbered(20)
+    assert [m.headers.get("redelivered") for m in messages] == ["true"] * 20

@@ -1049,6 +1049,52 @@ def test_a_message_returned_too_often_goes_to_the_dead_letter_queue() -> None:
     assert engine.depth("/queue/DLQ.q") + len(engine.consumers[(0, 1, 2)].unacked) == 1
 
 
+def test_a_connection_the_broker_closed_for_a_store_failure_returns_its_messages_uncounted() -> (
+    None
+):
+    engine = make_engine(max_redeliveries=1)
+    stored = make_message("s1")
+    stored.persistent, stored.seq = True, 7
+    engine.handle(9, Send(1, stored))
+    for conn in range(1, 6):
+        engine.handle(0, subscribe(conn, 1, ack_mode=ACK_INDIVIDUAL))
+        [message] = delivered_messages(engine.outbox.take())
+        assert message.message_id == "s1" and message.redelivered == (conn > 1)
+        # The broker refused an ACK of this connection (its store could not write it):
+        # the ERROR ends the connection, and the delivery comes back flagged, uncounted.
+        engine.closing_for_broker_failure(0, conn)
+        engine.handle(0, ConnClosed(conn))
+        assert engine.take_effects().flagged == [(Q, 7)]
+    assert engine.depth(Q) == 1 and "/queue/DLQ.q" not in engine.queues
+    assert not engine.closed_by_broker
+    # A connection that ends by itself counts as ever: the second return is one too many.
+    for conn in (10, 11):
+        engine.handle(0, subscribe(conn, 1, ack_mode=ACK_INDIVIDUAL))
+        assert len(delivered_messages(engine.outbox.take())) == 1
+        engine.handle(0, ConnClosed(conn))
+    assert engine.depth(Q) == 0
+    [(original, letter, outcome)] = engine.take_effects().dead_letters
+    assert (original.seq, letter.destination, outcome) == (7, "/queue/DLQ.q", "dead-lettered")
+
+
+def test_a_move_the_store_could_not_record_leaves_the_message_in_its_queue() -> None:
+    engine = make_engine(max_redeliveries=0)
+    stored = make_message("s1")
+    stored.persistent, stored.seq = True, 7
+    engine.handle(9, Send(1, stored))
+    engine.handle(0, subscribe(1, 1, ack_mode=ACK_INDIVIDUAL))
+    [message] = delivered_messages(engine.outbox.take())
+    engine.handle(0, Nack(1, 1, message.message_id))
+    [(original, _, _)] = engine.take_effects().dead_letters
+    assert engine.depth(Q) == 0 and engine.queues[Q].held_messages == 0
+    # The copy could not be stored: the original is back, as it was, and delivered again.
+    engine.unmove([original])
+    assert engine.queues[Q].held_messages == 1
+    [again] = delivered_messages(engine.outbox.take())
+    assert (again.message_id, again.seq, again.redelivered, again.deliveries) == ("s1", 7, True, 1)
+    assert "/queue/DLQ.q" not in engine.queues
+
+
 def test_stored_messages_beyond_the_index_cache_wait_paged_and_come_back_whole() -> None:
     stored: dict[int, Message] = {}
     engine = make_engine(index_cache=IndexCache(stored.__getitem__, max_entries=2))
@@ -1206,8 +1252,11 @@ def test_an_ack_of_stored_messages_waits_for_the_store_and_others_are_answered_a
     [waiting] = engine.take_effects().acks
     assert (waiting.gateway, waiting.conn, waiting.receipt, waiting.frame) == (0, 1, "rs", "ACK")
     assert [m.seq for m in waiting.messages] == [7]
-    # The store could not settle it: back at the head of the queue, redelivered.
+    # The store could not settle it: back at the head of the queue, redelivered, but not
+    # counted against max_redeliveries (the store failed, not the consumer); the store is
+    # told to flag it.
     engine.unsettle(Q, waiting.messages)
     [again] = delivered_messages(engine.outbox.take())
-    assert (again.message_id, again.redelivered, again.deliveries) == ("s1", True, 1)
+    assert (again.message_id, again.redelivered, again.deliveries) == ("s1", True, 0)
     assert engine.queues[Q].held_messages == 1
+    assert engine.take_effects().flagged == [(Q, 7)]

@@ -151,7 +151,7 @@ def test_a_nack_whose_delivery_count_cannot_be_stored_gets_an_error(
     engine = persistence.engine
     engine.handle(0, Nack(2, 1, "m0", receipt="n0"))
 
-    def failing_count(seqs: Sequence[int]) -> None:
+    def failing_count(seqs: Sequence[int], *, counted: bool = True) -> None:
         raise failing("record_delivery", tmp_path)
 
     monkeypatch.setattr(persistence.store, "record_delivery", failing_count)
@@ -184,3 +184,31 @@ def test_paged_messages_are_read_back_many_at_a_time_in_seq_order(tmp_path: Path
         assert load(seqs[5]).message_id == "m5"
         assert load(seqs[131]).message_id == "m131"
         assert queries[3:] == [seqs[5], seqs[131]]
+
+
+def test_dead_letters_the_store_cannot_take_stay_in_their_queue(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    persistence = stored_and_delivered(tmp_path, 1)
+    engine = persistence.engine
+    engine.handle(0, Nack(2, 1, "m0", requeue=False, receipt="n0"))
+
+    def failing_append(messages: Sequence[Message]) -> list[int]:
+        raise failing("append", tmp_path)
+
+    with monkeypatch.context() as patch:
+        patch.setattr(persistence.store, "append", failing_append)
+        persistence.write_back(engine.take_effects())
+    out = persistence.outbox.take()[0]
+    # No RECEIPT for the NACK; the message is back in its queue (delivered again at once),
+    # never in a dead-letter queue it is not stored in.
+    [refusal] = [r for r in out if isinstance(r, Refuse)]
+    assert refusal.receipt == "n0" and refusal.message.startswith("NACK not stored: ")
+    assert [r.message.message_id for r in out if isinstance(r, Deliver)] == ["m0"]
+    assert "/queue/DLQ.q" not in engine.queues
+    # The next refusal moves it, now that the store takes it.
+    engine.handle(0, Nack(2, 1, "m0", requeue=False, receipt="n1"))
+    persistence.write_back(engine.take_effects())
+    assert persistence.outbox.take()[0] == [Receipt(2, "n1")]
+    assert [s.message.destination for s in persistence.store.live()] == ["/queue/DLQ.q"]
+    persistence.store.close()

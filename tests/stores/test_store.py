@@ -296,6 +296,49 @@ class _FailingCommit:
         return getattr(self.real, name)
 
 
+def test_delivery_counts_the_disk_did_not_take_are_kept_and_written_later(
+    tmp_path: Path,
+) -> None:
+    with open_store(tmp_path) as store:
+        a, b, c = store.append([msg(1), msg(2), msg(3)])
+        seg = store._segments[-1]  # white-box: swap the connection for a failing one
+        real = seg.conn
+        seg.conn = _FailingCommit(real)  # type: ignore[assignment]
+        with pytest.raises(StoreError, match="record_delivery"):
+            store.record_delivery([a, a])
+        with pytest.raises(StoreError, match="record_delivery"):
+            store.record_delivery([b], counted=False)  # flagged only: a row counting 0
+        # Kept in memory: what is read back now already has them.
+        assert store.unwritten_deliveries == 2
+        assert {m.seq: (m.deliveries, m.message.redelivered) for m in store.live()} == {
+            a: (2, True),
+            b: (0, True),
+            c: (0, False),
+        }
+        with pytest.raises(StoreError):
+            store.mark_clean_stop()  # never marked clean while counts are missing
+        seg.conn = real
+        store.write_delivery_counts()
+        assert store.unwritten_deliveries == 0
+        store.mark_clean_stop()
+    with open_store(tmp_path) as store:
+        assert store.stopped_cleanly
+        assert {m.seq: (m.deliveries, m.message.redelivered) for m in store.live()} == {
+            a: (2, True),
+            b: (0, True),
+            c: (0, False),
+        }
+        # Settled meanwhile: nothing left to write.
+        seg = store._segments[-1]
+        real = seg.conn
+        seg.conn = _FailingCommit(real)  # type: ignore[assignment]
+        with pytest.raises(StoreError):
+            store.record_delivery([c])
+        seg.conn = real
+        store.settle([c], "acked", 0)
+        assert store.unwritten_deliveries == 0
+
+
 def test_commit_failure_leaves_nothing_half_written(tmp_path: Path) -> None:
     with open_store(tmp_path) as store:
         store.append([msg(1)])

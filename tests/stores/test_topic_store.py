@@ -222,6 +222,34 @@ def test_returned_counts_deliveries(store: TopicStore, tmp_path: Path) -> None:
     assert counts == {s1: 2, s2: 1}
 
 
+class _FailingUpdates(_FailingExecutemany):
+    """The registry connection, whose UPDATEs fail like a full disk."""
+
+    def execute(self, sql: str, *args: Any) -> sqlite3.Cursor:
+        if sql.startswith("UPDATE"):
+            raise sqlite3.OperationalError("database or disk is full")
+        return self.real.execute(sql, *args)
+
+
+def test_returned_counts_the_disk_did_not_take_are_written_later(
+    store: TopicStore, tmp_path: Path
+) -> None:
+    s1, s2 = store.append([(tmsg(1), ["a"]), (tmsg(2), ["a"])])
+    real = store._conn  # white-box
+    store._conn = _FailingUpdates(real)  # type: ignore[assignment]
+    with pytest.raises(StoreError, match="disk is full"):
+        store.returned([("a", s1)])
+    with pytest.raises(StoreError, match="disk is full"):
+        store.returned([("a", s1), ("a", s2)])
+    assert store.unwritten_deliveries == 2  # (sub, seq) pairs kept in memory
+    store._conn = real
+    store.write_returns()
+    assert store.unwritten_deliveries == 0
+    with open_reader(tmp_path) as reader:
+        got = {m.seq: (m.deliveries, m.redelivered) for m in batch(reader, "a").messages}
+    assert got == {s1: (2, True), s2: (1, True)}
+
+
 def test_expire(store: TopicStore, tmp_path: Path) -> None:
     s1, s2, s3 = store.append(
         [
