@@ -407,11 +407,15 @@ class StoreSettings:
         size=True,
     )
     # RabbitMQ's disk_free_limit (its default is 50 MB): persistent producers stop before the
-    # filesystem is full, so that consumers can always drain.
+    # filesystem is full, so that consumers can always drain. Producers stop that much plus
+    # a margin (pipeline.DiskWatch, flow.append_margin): what the stores may write between
+    # two readings of the free space.
     disk_free_limit_bytes: str = _setting(
         "64MiB",
-        "free space on a store's filesystem below which persistent producers to it are "
-        "stopped (flow control); a size, or a share of the filesystem such as '5%'; 0 = off",
+        "free space the stores never take their filesystem below: persistent producers "
+        "stop (flow control) with a margin above it for what the stores may write between "
+        "two readings, read before every store append; a size, or a share of the "
+        "filesystem such as '5%'; 0 = off",
         share=True,
     )
     # What a full filesystem leaves an acknowledgement: RabbitMQ and ActiveMQ only stop

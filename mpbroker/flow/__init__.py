@@ -10,7 +10,8 @@ producers and only falling to `low` starts them again.
   while armed, linear recovery after).
 * `QuotaSettings`, `QuotaPolicy`, `Quota`: WebLogic-style named quotas with FIFO or
   preemptive service of waiting senders.
-* `DiskFree`: RabbitMQ's disk_free_limit on a store's filesystem.
+* `DiskFree`: RabbitMQ's disk_free_limit on a store's filesystem; `append_margin`,
+  `append_need`, `commit_pages`: the most one append of a store may take (`SqliteFiles`).
 * `FlowGate`, `Stop`: a gateway's view of its pipelines' stops: which SEND must wait.
 * `store_limits`: a config section's watermarks as `StoreLimits`.
 * `expired_log_line`: the expiry policies' log format (its fields: config.parse_log_fields).
@@ -19,7 +20,7 @@ No sockets, no clocks, no stores: callers pass in amounts and the current time, 
 workers wire the results to rings and gateways.
 """
 
-from ._disk import DiskFree
+from ._disk import DiskFree, SqliteFiles, append_margin, append_need, commit_pages
 from ._expiry import (
     DISCARD,
     EXPIRY_POLICIES,
@@ -79,9 +80,13 @@ __all__ = [
     "QuotaSettings",
     "RateFlow",
     "RateSettings",
+    "SqliteFiles",
     "Stop",
     "StoreLimits",
     "Watermark",
+    "append_margin",
+    "append_need",
+    "commit_pages",
     "destination_limits",
     "expired_log_line",
     "expiry_policies",

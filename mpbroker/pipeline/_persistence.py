@@ -17,8 +17,9 @@ import msgspec
 from mpbroker.clock import epoch_ms
 from mpbroker.config import Config
 from mpbroker.engine import IndexCache, Outbox, QueueEffects, QueueEngine
+from mpbroker.errors import LimitReached
 from mpbroker.records import Message, Refuse, Send
-from mpbroker.stores import CommitBuffer, MessageStore, StoreError
+from mpbroker.stores import CommitBuffer, DiskLimitReached, MessageStore, StoreError
 
 from ._acks import WriteFailures, answer_stored_acks, log_store_error
 
@@ -29,7 +30,20 @@ log = logging.getLogger("mpbroker.pipeline")
 
 def refuse_unstored(outbox: Outbox, batch: Sequence[tuple[int, Send]], exc: StoreError) -> None:
     """A batch the store could not take: every sender hears why (a message that was not
-    stored is never acknowledged)."""
+    stored is never acknowledged). One the disk free limit refused is told so by name, as
+    a SEND that flow control held is."""
+    if isinstance(exc, DiskLimitReached):
+        log.warning("refusing %d persistent messages: %s", len(batch), exc)
+        for gateway, record in batch:
+            refusal = LimitReached(
+                record.message.destination,
+                "disk_free_limit",
+                exc.limit,
+                detail="The message was not stored: it could have taken its store's "
+                "filesystem below store.disk_free_limit_bytes.",
+            )
+            outbox.add(gateway, Refuse.of(record.conn, refusal, record.receipt))
+        return
     log.error("store error, refusing %d messages: %s", len(batch), exc)
     for gateway, record in batch:
         outbox.add(

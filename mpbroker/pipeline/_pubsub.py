@@ -110,7 +110,7 @@ class PubSubPipeline(Pipeline):
             paging = VolatilePaging(self.topics, temp_store, config, topic_paging_mark)
         # The durable subscriptions' own queues: windows, acks and redelivery.
         queues = QueueEngine(config.queues, index, outbox, window_bytes_for=windows)
-        disk = DiskWatch(store.messages, config)
+        disk = DiskWatch(store.messages, config, topic=True)
         super().__init__(index, incarnation, gateways, config, outbox, queues, paging, disk)
         self.flow_stored = FlowTracker(
             store_limits(config.topic_store), destination_limits(config, STORE_TOPICS)

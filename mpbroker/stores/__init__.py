@@ -13,7 +13,8 @@
   in allocation units, bounded by `temp_store.limit_bytes`; emptied at every start.
 - :class:`CommitBuffer`: the small processing buffer that decides when to group-commit
   (pure: the caller passes the time).
-- :class:`StoreError`, and the result types (settings: :class:`mpbroker.config.StoreSettings`)
+- :class:`StoreError` (:class:`DiskLimitReached`: an append the disk guard refused), and the
+  result types (settings: :class:`mpbroker.config.StoreSettings`)
   :class:`StoredMessage`, :class:`SegmentInfo`, :class:`StoreStatistics`.
 
 Typical use in a pipeline worker::
@@ -39,25 +40,40 @@ See docs/architecture.md, "The life of a message" and "Delivery guarantees".
 """
 
 from ._commit import CommitBuffer
-from ._errors import StoreError
-from ._segment import MIGRATIONS
+from ._errors import DiskLimitReached, StoreError
+from ._segment import CHECKPOINT_PAGES, MIGRATIONS, NEW_SEGMENT_PAGES, PAGE_BYTES
 from ._store import (
+    MESSAGE_OVERHEAD_BYTES,
     OUTCOMES,
     MessageStore,
+    RowWrites,
     SegmentInfo,
     StoredMessage,
     StoreStatistics,
 )
 from ._temp import TempStatistics, TempStore
-from ._topic import REGISTRY_MIGRATIONS, BacklogBatch, TopicStore, TopicStoreReader
+from ._topic import (
+    PENDING_OVERHEAD_BYTES,
+    REGISTRY_MIGRATIONS,
+    BacklogBatch,
+    TopicStore,
+    TopicStoreReader,
+)
 
 __all__ = [
+    "CHECKPOINT_PAGES",
+    "MESSAGE_OVERHEAD_BYTES",
     "MIGRATIONS",
+    "NEW_SEGMENT_PAGES",
     "OUTCOMES",
+    "PAGE_BYTES",
+    "PENDING_OVERHEAD_BYTES",
     "REGISTRY_MIGRATIONS",
     "BacklogBatch",
     "CommitBuffer",
+    "DiskLimitReached",
     "MessageStore",
+    "RowWrites",
     "SegmentInfo",
     "StoreError",
     "StoreStatistics",

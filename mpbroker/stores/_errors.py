@@ -6,7 +6,7 @@ from pathlib import Path
 
 from ._reserve import is_disk_full
 
-__all__ = ["StoreError", "sqlite_detail"]
+__all__ = ["DiskLimitReached", "StoreError", "sqlite_detail"]
 
 
 class StoreError(Exception):
@@ -36,6 +36,26 @@ class StoreError(Exception):
     def client_text(self) -> str:
         """What a client is told: the operation and the reason, never the server's paths."""
         return f"store error: {self.operation}: {self.detail}"
+
+
+class DiskLimitReached(StoreError):
+    """An append refused before anything was written: the most it could take (its roll
+    and checkpoint included) would bring its filesystem below
+    `store.disk_free_limit_bytes`, with what the other stores may be writing meanwhile."""
+
+    def __init__(self, path: Path | str, limit: int, free: int, need: int) -> None:
+        super().__init__(
+            path,
+            "append",
+            f"{free} bytes free, and this append with what the other stores may write "
+            f"meanwhile could take {need}: below disk_free_limit {limit}",
+        )
+        self.limit = limit
+        """The limit in bytes."""
+        self.free = free
+        """The free space read before the append."""
+        self.need = need
+        """The most the append, and the other stores meanwhile, could take."""
 
 
 def sqlite_detail(exc: BaseException) -> str:

@@ -45,6 +45,9 @@ class DiskReserve:
     def __init__(self, directory: Path, size: int) -> None:
         self.path = Path(directory) / RESERVE_NAME
         self.size = size
+        # Free space making the reserve must leave (set by the owner: where
+        # store.disk_free_limit_bytes stops producers), so that it never stops them itself.
+        self.keep_free = 0
 
     @property
     def held(self) -> bool:
@@ -55,13 +58,14 @@ class DiskReserve:
             return False
 
     def ensure(self) -> bool:
-        """Make the reserve if it is missing and the filesystem has room for it twice over;
-        whether it is held afterwards (a write that fails leaves nothing behind)."""
+        """Make the reserve if it is missing and the filesystem has room for it twice over
+        (and `keep_free` left after it); whether it is held afterwards (a write that fails
+        leaves nothing behind)."""
         if self.size <= 0 or self.held:
             return self.size > 0
         try:
             stat = os.statvfs(self.path.parent)
-            if stat.f_bavail * stat.f_frsize < 2 * self.size:
+            if stat.f_bavail * stat.f_frsize < max(2 * self.size, self.size + self.keep_free):
                 return False  # not while space is short: it would take what is left
             # Written, not only allocated: posix_fallocate is not on every filesystem, and
             # a sparse file would reserve nothing.

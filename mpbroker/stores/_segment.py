@@ -23,7 +23,10 @@ from ._live import LiveSet
 from ._reserve import is_disk_full
 
 __all__ = [
+    "CHECKPOINT_PAGES",
     "MIGRATIONS",
+    "NEW_SEGMENT_PAGES",
+    "PAGE_BYTES",
     "SEGMENT_FORMAT",
     "Migration",
     "Segment",
@@ -41,6 +44,15 @@ __all__ = [
 
 # SQLite's own side files: a WAL database is the main file plus these two.
 SIDE_SUFFIXES: Final = ("-wal", "-shm")
+# The page size of a new store file and the WAL checkpoint threshold of every one (SQLite's
+# defaults, set so that the disk_free_limit arithmetic, flow.append_need, can count on
+# them): a commit that leaves CHECKPOINT_PAGES frames in a WAL copies them into its file.
+PAGE_BYTES: Final = 4096
+CHECKPOINT_PAGES: Final = 1000
+# The most pages a new segment file has, and frames its creation writes to its WAL (9
+# pages and 17 frames with the migrations below; tests/pipeline/test_disk.py checks the
+# pages, and that no append takes more than the arithmetic says).
+NEW_SEGMENT_PAGES: Final = 24
 
 
 # ---------------------------------------------------------------------------------------------
@@ -241,7 +253,10 @@ def configure_database(
 ) -> None:
     _ensure_no_open_transaction(db, path, "enable_wal()")
     db.execute(cache_size_pragma(cache_bytes))
+    # (Only a file with no table yet takes a page size.)
+    db.execute(f"PRAGMA page_size = {PAGE_BYTES}")
     db.enable_wal()
+    db.execute(f"PRAGMA wal_autocheckpoint = {CHECKPOINT_PAGES}")
     # FULL in WAL mode fsyncs the WAL at every commit: nothing acknowledged is lost on power
     # loss. NORMAL fsyncs only at checkpoints: commits survive a process crash, not power loss.
     db.execute(f"PRAGMA synchronous={synchronous.upper()}")

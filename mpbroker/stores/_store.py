@@ -61,8 +61,10 @@ from ._segment import (
 )
 
 __all__ = [
+    "MESSAGE_OVERHEAD_BYTES",
     "OUTCOMES",
     "MessageStore",
+    "RowWrites",
     "SegmentInfo",
     "StoreStatistics",
     "StoredMessage",
@@ -101,6 +103,21 @@ _UPSERT_DELIVERY: Final = (
 
 
 MessageRow = tuple[int, str, str, bytes, bytes, int, int, int, int, str]
+
+# What a message row takes besides its text and blob columns: its integer columns, SQLite's
+# record and cell headers and cell pointer, its entry in the expiry index.
+ROW_FIXED_BYTES: Final = 96
+# ...and with a message id and destination of up to about 150 bytes together and msgpack's
+# few bytes a header: what the configuration's bound on an append (flow.append_margin)
+# counts a message beyond its counted size. An append of longer ones is checked by its own
+# rows (`MessageStore.disk_guard`).
+MESSAGE_OVERHEAD_BYTES: Final = 256
+# The B-trees of a segment an append inserts into: the messages table and its expiry index.
+_SEGMENT_PLACES: Final = 2
+
+# One transaction's rows for `MessageStore.disk_guard`: their sizes as stored, and at how
+# many places of its database's B-trees they go.
+RowWrites = tuple[list[int], int]
 
 
 def message_from_row(row: MessageRow, deliveries: int, redelivered: bool | None = None) -> Message:
@@ -232,10 +249,15 @@ class MessageStore:
         self.stopped_cleanly = False
         # Given back to the filesystem when a write that frees space finds it full.
         self.reserve = DiskReserve(directory, settings.disk_reserve_bytes)
-        # Set by the owner while its filesystem is below store.disk_free_limit_bytes: an
+        # Set by the owner while producers are stopped for store.disk_free_limit_bytes: an
         # active segment whose messages are all settled is then rolled at once, so that
         # draining frees its file (otherwise it waits for its size or age).
         self.low_on_disk = False
+        # Set by the owner (pipeline.DiskWatch, store.disk_free_limit_bytes): told before
+        # every append what it writes, per database (this store's segment first); raises
+        # StoreError (DiskLimitReached) to refuse the append before anything is written,
+        # its segment roll and WAL checkpoint included.
+        self.disk_guard: Callable[[list[RowWrites]], None] | None = None
 
     # -- opening ------------------------------------------------------------------------------
 
@@ -363,34 +385,39 @@ class MessageStore:
 
     # -- writing ------------------------------------------------------------------------------
 
-    def append(self, messages: Sequence[Message]) -> list[int]:
+    def append(
+        self, messages: Sequence[Message], *, also_writes: Sequence[RowWrites] = ()
+    ) -> list[int]:
         """Store `messages` in ONE transaction (the group-commit unit); their seqs, in order.
 
         Rolls to a new segment first when the active one is past `segment_max_bytes` or
         `segment_max_age_s`. When this returns the messages are durable per `synchronous`.
         On failure raises StoreError and nothing of the batch is stored (ValueError for a
-        message whose preset `size` is negative).
+        message whose preset `size` is negative). `also_writes`: what the caller writes
+        right after to other databases of the same filesystem, for the `disk_guard`.
         """
         self._ensure_open("append()")
         if not messages:
             return []
-        self._roll_if_due()
-        seg = self._ensure_active(reserve=False)
         first = self._next_seq
         rows: list[MessageRow] = []
         sizes: list[int] = []
+        guard = self.disk_guard
+        # For the guard: what each row takes in the segment, at most.
+        stored: list[int] = []
         for offset, m in enumerate(messages):
             size = m.size or message_size(m)
             if size < 0:
                 # Refused before the commit: the in-memory LiveSet would refuse it after.
                 raise ValueError(f"message {m.message_id!r}: size {size} is negative")
             sizes.append(size)
+            headers = _encode_headers(m.headers)
             rows.append(
                 (
                     first + offset,
                     m.message_id,
                     m.destination,
-                    _encode_headers(m.headers),
+                    headers,
                     m.body,
                     m.timestamp_ms,
                     m.priority,
@@ -399,6 +426,20 @@ class MessageStore:
                     m.encoding,
                 )
             )
+            if guard is not None:
+                destination = m.destination
+                stored.append(
+                    len(m.body)
+                    + len(headers)
+                    + len(m.message_id)
+                    + (len(destination) if destination.isascii() else len(destination.encode()))
+                    + len(m.encoding)
+                    + ROW_FIXED_BYTES
+                )
+        if guard is not None:
+            guard([(stored, _SEGMENT_PLACES), *also_writes])
+        self._roll_if_due()
+        seg = self._ensure_active(reserve=False)
         conn = seg.conn
         try:
             conn.execute("BEGIN IMMEDIATE")

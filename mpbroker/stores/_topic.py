@@ -63,7 +63,13 @@ from ._segment import (
 )
 from ._store import OUTCOMES, MessageRow, MessageStore, message_from_row
 
-__all__ = ["REGISTRY_MIGRATIONS", "BacklogBatch", "TopicStore", "TopicStoreReader"]
+__all__ = [
+    "PENDING_OVERHEAD_BYTES",
+    "REGISTRY_MIGRATIONS",
+    "BacklogBatch",
+    "TopicStore",
+    "TopicStoreReader",
+]
 
 log = logging.getLogger(__name__)
 
@@ -130,6 +136,12 @@ _INSERT_PENDING: Final = (
     "INSERT OR REPLACE INTO pending (sub, seq, priority, deliveries) VALUES (?, ?, ?, 0)"
 )
 _DELETE_PENDING: Final = "DELETE FROM pending WHERE sub = ? AND seq = ?"
+# A pending row is an entry in three B-trees (the table, pending_seq, pending_sub_priority),
+# each with the name: what one takes besides three times its name's bytes.
+_PENDING_FIXED_BYTES: Final = 64
+# ...and with a name of up to 64 bytes: what the configuration's bound on an append
+# (flow.append_margin) counts a pending row. Longer names are counted as they are.
+PENDING_OVERHEAD_BYTES: Final = _PENDING_FIXED_BYTES + 3 * 64
 _ANY_PENDING: Final = "SELECT 1 FROM pending WHERE seq = ? LIMIT 1"
 # JMS priorities 0-9: a backlog has one read cursor per priority, indexed by it.
 PRIORITIES: Final = 10
@@ -405,7 +417,14 @@ class TopicStore:
             for name in names:
                 if name not in self._subscriptions:
                     raise ValueError(f"{name!r} is not a durable subscription")
-        seqs = self.messages.append([message for message, _ in entries])
+        # The disk guard hears of the pending rows too: their sizes, and the places they
+        # go in the B-trees (two ordered by name, one by seq).
+        owed = [dict.fromkeys(names) for _, names in entries]
+        pending = [_PENDING_FIXED_BYTES + 3 * len(name.encode()) for o in owed for name in o]
+        places = 2 * len({name for o in owed for name in o}) + 1
+        seqs = self.messages.append(
+            [message for message, _ in entries], also_writes=[(pending, places)]
+        )
         rows = [
             (name, seq, message.priority)
             for seq, (message, names) in zip(seqs, entries, strict=True)
