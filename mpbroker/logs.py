@@ -5,10 +5,12 @@ output of a supervisor and its workers can be read (and grepped) as one log.
 
 A client must not be able to flood the log, nor write into it. Every line a client can
 cause over and over (a refused frame, a protocol error, a refused connection) goes through
-`log_collapsed`: the first of a kind from one address is logged, the next ones within
-`COLLAPSE_WINDOW_S` are only counted, and one line sums them up when the window ends
-("… and 5,211 more like it from 127.0.0.1 in the last 10 s"). Whatever a client wrote that
-a line quotes goes through `client_text`: cut, and with control characters escaped, so it
+`log_collapsed`: the first of a kind is logged, whatever address it came from, the next
+ones within `COLLAPSE_WINDOW_S` are only counted, and one line sums them up when the window
+ends ("… and 5,211 more like it from 2,990 addresses (most from 127.0.0.7: 12) in the last
+10 s"). So the log grows by a few lines per kind of event and window, however many
+addresses a flood comes from (IPv6 gives anyone plenty). Whatever a client wrote that a
+line quotes goes through `client_text`: cut, and with control characters escaped, so it
 can neither hide the rest of the line nor forge another one; `LineFormatter` escapes every
 message the same way, under the lines that quote without it. The deciding is pure
 (`Collapser`, with the clock passed in); `log_collapsed` and `flush_collapsed` are its shell.
@@ -29,6 +31,7 @@ from dataclasses import dataclass
 __all__ = [
     "CLIENT_TEXT_LIMIT",
     "COLLAPSE_WINDOW_S",
+    "MAX_COLLAPSE_ADDRESSES",
     "Collapsed",
     "Collapser",
     "JournalFormatter",
@@ -52,13 +55,10 @@ CLIENT_TEXT_LIMIT = 200
 COLLAPSE_WINDOW_S = 10.0
 """How long repeats of a logged event are counted before one line sums them up."""
 
-MAX_COLLAPSE_KEYS = 1024
-"""(kind, address) pairs followed at once; past that, new addresses share one catch-all
-pair per kind, so many addresses (IPv6 has plenty) cannot make the follower grow without
-bound."""
-
-OTHER = "other addresses"
-"""The address of the catch-all pair."""
+MAX_COLLAPSE_ADDRESSES = 1000
+"""Addresses a kind's window counts apart. Past that the summary says "more than 1,000
+addresses", and the ones that sent most stay followed, so many addresses cannot make the
+follower grow without bound."""
 
 
 class LineFormatter(logging.Formatter):
@@ -178,70 +178,124 @@ def peer_address(peer: str) -> str:
 
 @dataclass(frozen=True, slots=True)
 class Collapsed:
-    """Events of one kind from one address that were counted, not logged.
+    """Events of one kind that were counted, not logged, and where they came from.
 
     Attributes:
         kind: what they were ("refused a frame").
-        address: where they came from (`OTHER` for the catch-all).
         count: how many.
         seconds: over how long (the window, or less when the process stops first).
+        addresses: how many client addresses they came from (0: none had one, as a store
+            error has not); with `more_addresses`, more than this many.
+        more_addresses: they came from more addresses than a window counts apart
+            (`MAX_COLLAPSE_ADDRESSES`).
+        busiest: the address most of them came from ("": none had one).
+        busiest_count: how many came from it (at least this many, with `more_addresses`).
     """
 
     kind: str
-    address: str
     count: int
     seconds: float
+    addresses: int = 0
+    more_addresses: bool = False
+    busiest: str = ""
+    busiest_count: int = 0
 
     def text(self) -> str:
         """The line that sums them up."""
         seconds = f"{self.seconds:.0f}" if self.seconds >= 9.95 else f"{self.seconds:.1f}"
         return (
-            f"{self.kind}: … and {self.count:,} more like it from {self.address} "
+            f"{self.kind}: … and {self.count:,} more like it{self._origin()} "
             f"in the last {seconds} s"
         )
 
+    def _origin(self) -> str:
+        if not self.addresses:
+            return ""
+        if self.addresses == 1 and not self.more_addresses:
+            return f" from {self.busiest}"
+        many = f"more than {self.addresses:,}" if self.more_addresses else f"{self.addresses:,}"
+        if not self.busiest:
+            return f" from {many} addresses"
+        least = "at least " if self.more_addresses else ""
+        return f" from {many} addresses (most from {self.busiest}: {least}{self.busiest_count:,})"
+
 
 class _Window:
-    __slots__ = ("held", "start")
+    """One kind's window: when it opened, what it counted, and from where."""
+
+    __slots__ = ("by_address", "held", "more_addresses", "start")
 
     def __init__(self, start: float) -> None:
         self.start = start
         self.held = 0
+        self.by_address: dict[str, int] = {}
+        self.more_addresses = False
+
+    def count(self, address: str, max_addresses: int) -> None:
+        self.held += 1
+        if not address:
+            return
+        by_address = self.by_address
+        seen = by_address.get(address)
+        if seen is not None:
+            by_address[address] = seen + 1
+        elif len(by_address) < max_addresses:
+            by_address[address] = 1
+        else:
+            # Full (Misra and Gries' frequent items): one fewer for every address followed,
+            # and the new one is not followed. Whichever address sent more than a
+            # 1/(max_addresses + 1) share of the events stays followed, with a count that
+            # is at most that share short; each pass takes away as many events as it
+            # costs steps, so an event costs O(1) steps on average.
+            self.more_addresses = True
+            self.by_address = {a: n - 1 for a, n in by_address.items() if n > 1}
+
+    def summary(self, kind: str, now: float, max_addresses: int) -> Collapsed:
+        by_address = self.by_address
+        busiest = max(by_address, key=by_address.__getitem__, default="")
+        return Collapsed(
+            kind,
+            self.held,
+            now - self.start,
+            max_addresses if self.more_addresses else len(by_address),
+            self.more_addresses,
+            busiest,
+            by_address.get(busiest, 0),
+        )
 
 
 class Collapser:
-    """Which events of a kind from an address get a line of their own. Pure: the caller
-    passes the time (seconds, any monotonic clock).
+    """Which events of a kind get a line of their own. Pure: the caller passes the time
+    (seconds, any monotonic clock).
 
-    The first event of a (kind, address) is logged and opens a window of `window_s`; the
-    next ones in it are counted. When it ends with some counted, `take` hands out their
-    summary and a new window opens at once, so an event that keeps coming costs one line
-    per window; a window that ends with none counted closes, and the next event is logged
-    again.
+    The first event of a kind, from whatever address, is logged and opens the kind's
+    window of `window_s`; the next ones in it, from any address, are counted, with how
+    many came from each address (up to `max_addresses` addresses apart: past that, the
+    ones that sent most stay followed, see `_Window.count`). When it ends with some
+    counted, `take` hands out their summary and a new window opens at once, so a kind
+    that keeps coming costs one line per window however many addresses it comes from; a
+    window that ends with none counted closes, and the next event is logged again.
     """
 
     def __init__(
-        self, window_s: float = COLLAPSE_WINDOW_S, max_keys: int = MAX_COLLAPSE_KEYS
+        self, window_s: float = COLLAPSE_WINDOW_S, max_addresses: int = MAX_COLLAPSE_ADDRESSES
     ) -> None:
         self.window_s = window_s
-        self.max_keys = max_keys
+        self.max_addresses = max_addresses
         # Oldest window first: every window is as long, so the first one ends first.
-        self._windows: OrderedDict[tuple[str, str], _Window] = OrderedDict()
+        self._windows: OrderedDict[str, _Window] = OrderedDict()
         self._summaries: list[Collapsed] = []
 
     def admit(self, kind: str, address: str, now: float) -> bool:
         """Whether this event gets a line of its own (else it is counted). `kind` is a
-        constant of the code, never client text: the catch-alls are one per kind."""
+        constant of the code, never client text, so there are few; `address` is where the
+        event came from ("": nowhere, a store error say)."""
         self._expire(now)
-        key = (kind, address)
-        window = self._windows.get(key)
-        if window is None and len(self._windows) >= self.max_keys:
-            key = (kind, OTHER)
-            window = self._windows.get(key)
+        window = self._windows.get(kind)
         if window is None:
-            self._windows[key] = _Window(now)
+            self._windows[kind] = _Window(now)
             return True
-        window.held += 1
+        window.count(address, self.max_addresses)
         return False
 
     def take(self, now: float) -> list[Collapsed]:
@@ -255,27 +309,27 @@ class Collapser:
         self._expire(now)
         summaries, self._summaries = self._summaries, []
         summaries += [
-            Collapsed(kind, address, window.held, now - window.start)
-            for (kind, address), window in self._windows.items()
+            window.summary(kind, now, self.max_addresses)
+            for kind, window in self._windows.items()
             if window.held
         ]
         self._windows.clear()
         return summaries
 
     def __len__(self) -> int:
-        """(kind, address) pairs followed now."""
+        """Kinds followed now."""
         return len(self._windows)
 
     def _expire(self, now: float) -> None:
         windows = self._windows
         while windows:
-            key, window = next(iter(windows.items()))
+            kind, window = next(iter(windows.items()))
             if now - window.start < self.window_s:
                 return
-            del windows[key]
+            del windows[kind]
             if window.held:
-                self._summaries.append(Collapsed(*key, window.held, now - window.start))
-                windows[key] = _Window(now)  # at the end: it ends last
+                self._summaries.append(window.summary(kind, now, self.max_addresses))
+                windows[kind] = _Window(now)  # at the end: it ends last
 
 
 # -- the shell -----------------------------------------------------------------------------
@@ -296,9 +350,10 @@ def log_collapsed(
     *args: object,
     exc_info: bool = False,
 ) -> None:
-    """Log `message % args` unless an event of `kind` from `peer`'s address was logged
-    within the window: then only count it (`Collapser`). Quote client text in `args`
-    through `client_text`."""
+    """Log `message % args` unless an event of `kind` was logged within the window (from
+    any address): then only count it, with `peer`'s address ("": none), for the summary
+    (`Collapser`). The line logged in full should name the peer: it stands for every
+    address of its window. Quote client text in `args` through `client_text`."""
     now = time.monotonic()
     with _lock:
         _sinks[kind] = (logger, level)

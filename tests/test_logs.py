@@ -1,5 +1,5 @@
-"""The log's defences: repeats from one address collapse into one line per window, and
-client text is cut and escaped before a line quotes it."""
+"""The log's defences: repeats of a kind, from any number of addresses, collapse into one
+line per window, and client text is cut and escaped before a line quotes it."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from mpbroker import logs
-from mpbroker.logs import OTHER, Collapsed, Collapser, client_text, peer_address
+from mpbroker.logs import Collapsed, Collapser, client_text, peer_address
 
 
 def test_the_first_event_is_logged_and_the_repeats_are_summed_up_when_the_window_ends() -> None:
@@ -20,7 +20,7 @@ def test_the_first_event_is_logged_and_the_repeats_are_summed_up_when_the_window
     assert not any(c.admit("refused a frame", "127.0.0.1", 0.001 * n) for n in range(1, 5212))
     assert c.take(9.9) == []
     [summary] = c.take(10.0)
-    assert summary == Collapsed("refused a frame", "127.0.0.1", 5211, 10.0)
+    assert summary == Collapsed("refused a frame", 5211, 10.0, 1, False, "127.0.0.1", 5211)
     assert summary.text() == (
         "refused a frame: … and 5,211 more like it from 127.0.0.1 in the last 10 s"
     )
@@ -37,30 +37,73 @@ def test_a_flood_that_goes_on_costs_one_line_per_window() -> None:
     assert c.admit("protocol error", "10.0.0.1", 41.0)
 
 
-def test_kinds_and_addresses_are_collapsed_apart() -> None:
+def test_a_kind_collapses_over_every_address_with_a_count_of_each() -> None:
     c = Collapser(window_s=10)
     assert c.admit("refused a frame", "10.0.0.1", 0)
-    assert c.admit("refused a frame", "10.0.0.2", 0)
+    assert c.admit("protocol error", "10.0.0.1", 0)  # kinds are collapsed apart
+    # 3,000 addresses, one of which sends more than the others (it sent 6, and 5 of them
+    # after the count of the first was lost to the cap: "at least").
+    addresses = [f"10.0.{n // 250}.{n % 250}" for n in range(3000)]
+    assert not any(c.admit("refused a frame", address, 1) for address in addresses)
+    assert not any(c.admit("refused a frame", "10.0.0.7", 2) for _ in range(5))
+    assert not c.admit("protocol error", "10.0.0.2", 3)
+    refused, errors = c.take(10)
+    assert refused == Collapsed("refused a frame", 3005, 10, 1000, True, "10.0.0.7", 5)
+    assert refused.text() == (
+        "refused a frame: … and 3,005 more like it from more than 1,000 addresses "
+        "(most from 10.0.0.7: at least 5) in the last 10 s"
+    )
+    assert errors.text() == "protocol error: … and 1 more like it from 10.0.0.2 in the last 10 s"
+    assert len(c) == 2  # one window per kind, whatever the addresses
+
+
+def test_a_few_addresses_are_counted_exactly() -> None:
+    c = Collapser(window_s=10)
+    assert c.admit("access denied", "10.0.0.9", 0)  # the logged one is not counted
+    for address, times in (("10.0.0.1", 2), ("10.0.0.2", 7), ("10.0.0.3", 1)):
+        for _ in range(times):
+            assert not c.admit("access denied", address, 1)
+    [summary] = c.take_all(2)
+    assert (summary.addresses, summary.more_addresses, summary.busiest) == (3, False, "10.0.0.2")
+    assert summary.text() == (
+        "access denied: … and 10 more like it from 3 addresses (most from 10.0.0.2: 7) "
+        "in the last 2.0 s"
+    )
+
+
+def test_past_the_cap_the_address_that_sends_most_is_still_named() -> None:
+    c = Collapser(window_s=10, max_addresses=3)
     assert c.admit("protocol error", "10.0.0.1", 0)
-    assert not c.admit("refused a frame", "10.0.0.2", 1)
-    assert c.take(10) == [Collapsed("refused a frame", "10.0.0.2", 1, 10)]
+    # One address sends every other event among a stream of new ones: it stays followed
+    # (it sends more than a quarter), and its count is at most a quarter short.
+    for n in range(400):
+        c.admit("protocol error", f"10.0.1.{n}", 1)
+        c.admit("protocol error", "10.0.0.66", 1)
+    [summary] = c.take(10)
+    assert (summary.count, summary.addresses, summary.more_addresses) == (800, 3, True)
+    assert summary.busiest == "10.0.0.66" and 800 // 4 <= summary.busiest_count <= 400
+    # Memory stays bounded: at most `max_addresses` followed.
+    c.admit("protocol error", "10.0.0.1", 11)
+    for n in range(1000):
+        c.admit("protocol error", f"10.0.2.{n}", 12)
+    [window] = c._windows.values()
+    assert len(window.by_address) <= 3
+
+
+def test_events_without_an_address_are_summed_up_without_one() -> None:
+    c = Collapser(window_s=10)
+    kind = "store error while recording acknowledgements"
+    assert c.admit(kind, "", 0)
+    assert not c.admit(kind, "", 1) and not c.admit(kind, "", 2)
+    [summary] = c.take(10)
+    assert summary.text() == f"{kind}: … and 2 more like it in the last 10 s"
 
 
 def test_a_window_without_repeats_ends_silently() -> None:
     c = Collapser(window_s=10)
     assert c.admit("refused connection", "10.0.0.1", 0)
     assert c.take(11) == []
-    assert c.admit("refused connection", "10.0.0.1", 11)
-
-
-def test_too_many_addresses_share_one_catch_all_per_kind() -> None:
-    c = Collapser(window_s=10, max_keys=3)
-    assert all(c.admit("refused a frame", f"10.0.0.{n}", 0) for n in range(3))
-    assert c.admit("refused a frame", "10.0.1.1", 1)  # the catch-all's first line
-    assert not c.admit("refused a frame", "10.0.1.2", 2)
-    assert not c.admit("refused a frame", "10.0.1.3", 3)
-    assert len(c) == 4
-    assert c.take(11) == [Collapsed("refused a frame", OTHER, 2, 10)]
+    assert c.admit("refused connection", "10.0.0.2", 11)
 
 
 def test_stopping_sums_up_the_open_windows_too() -> None:
@@ -115,13 +158,14 @@ def test_the_shell_logs_the_first_line_then_the_summary(
     log = logging.getLogger("mpbroker.test")
     with caplog.at_level(logging.INFO):
         for n in range(3):
+            peer = f"127.0.0.{1 + n % 2}:{5000 + n}"
             logs.log_collapsed(
                 log,
                 logging.WARNING,
                 "refused a frame",
-                f"127.0.0.1:{5000 + n}",
+                peer,
                 "refused a frame from %s: %s",
-                f"127.0.0.1:{5000 + n}",
+                peer,
                 client_text(f"bad\n{n}"),
             )
         logs.flush_collapsed()
@@ -129,7 +173,8 @@ def test_the_shell_logs_the_first_line_then_the_summary(
         ("WARNING", "refused a frame from 127.0.0.1:5000: bad\\n0"),
         (
             "WARNING",
-            "refused a frame: … and 2 more like it from 127.0.0.1 in the last 12 s",
+            "refused a frame: … and 2 more like it from 2 addresses (most from 127.0.0.2: 1) "
+            "in the last 12 s",
         ),
     ]
 

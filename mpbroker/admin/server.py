@@ -30,6 +30,7 @@ import logging
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from importlib import resources
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -526,19 +527,24 @@ class AdminServer:
                 # same Host check and credentials; `_reply` leaves the body out.
                 self.do_GET()
 
-            def _read_only(self) -> None:
-                # Anything else: a JSON answer like every other (BaseHTTPRequestHandler's
-                # own is an HTML 501).
+            def send_error(
+                self, code: int, message: str | None = None, explain: str | None = None
+            ) -> None:
+                if code != HTTPStatus.NOT_IMPLEMENTED:
+                    super().send_error(code, message, explain)
+                    return
+                # BaseHTTPRequestHandler's answer to a method it has no `do_` for (POST,
+                # OPTIONS, TRACE, CONNECT, anything), an HTML 501: ours is a JSON answer
+                # like every other, the 405 that says which methods there are. The body
+                # such a request may carry is not read: the connection closes.
                 self._reply(
                     405,
                     {
-                        "error": f"{self.command} not allowed: the admin API is read-only "
-                        "(GET, HEAD)"
+                        "error": f"{client_text(self.command, 20)} not allowed: the admin API "
+                        "is read-only (GET, HEAD)"
                     },
-                    {"Allow": "GET, HEAD"},
+                    {"Allow": "GET, HEAD", "Connection": "close"},
                 )
-
-            do_POST = do_PUT = do_DELETE = do_PATCH = _read_only
 
             def _peer(self) -> str:
                 # host:port, as a gateway names a peer: log_collapsed takes the address

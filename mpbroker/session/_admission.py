@@ -34,6 +34,7 @@ from mpbroker.flow import (
 )
 from mpbroker.stomp import Frame
 
+from ._headers import boolean
 from ._state import SessionState
 
 __all__ = ["MEMORY_PACE", "Admission", "Pace", "Pacer", "flow_controlled"]
@@ -133,7 +134,7 @@ class Admission:
         settings = self.rate_for(destination)
         if settings is None:
             return None
-        persistent = frame.headers.get("persistent") == "true"
+        persistent = boolean(frame.headers.get("persistent", "")) is True
         return destination, self.flow.stop_for(destination, persistent) is not None, settings
 
     def stop_for(self, frame: Frame, memory_level: int) -> Stop | None:
@@ -153,7 +154,8 @@ class Admission:
         if not self.flow.stops:
             return None
         destination = frame.headers.get("destination", "")
-        return self.flow.stop_for(destination, frame.headers.get("persistent") == "true")
+        persistent = boolean(frame.headers.get("persistent", "")) is True
+        return self.flow.stop_for(destination, persistent)
 
     def send_timeout_s(self, frame: Frame) -> float:
         """How long a held SEND waits for room before it is refused."""

@@ -16,6 +16,10 @@ message delivered at once). So every header is one of:
   takes effect. A refused header with a `default` value is accepted when it asks for that
   value, which is what the broker does anyway (``activemq.exclusive:false``).
 
+A rule marked `boolean` reads its value with `boolean`, one rule for every such header:
+``true`` or ``false`` in any case (stomp.py writes Python's ``True`` as ``True``), spaces
+around ignored; anything else is refused, never taken for ``false``.
+
 The broker vendors' header families -- ``activemq.*``, ``JMSX*``, ``AMQ_*``, ``_AMQ_*`` and
 RabbitMQ's ``x-*`` -- are refused by name unless a rule below says otherwise: a header of
 theirs the broker does not know may change what a client expects, so it is never ignored.
@@ -42,6 +46,7 @@ __all__ = [
     "SEND_ATTENTION",
     "HeaderRule",
     "Treatment",
+    "boolean",
     "markdown_table",
     "rule_for",
 ]
@@ -76,7 +81,8 @@ class HeaderRule:
     """What the broker does with one header (or, ending in ``*``, a family of headers) on
     the `frames` it names. `source` is who defined it; `note` says what the broker does
     with it, or why it is refused or harmless; `default` is the one value a refused header
-    may carry (it asks for what the broker does anyway)."""
+    may carry (it asks for what the broker does anyway); `boolean`: its value is read by
+    `boolean` (anything but true or false is refused)."""
 
     header: str
     frames: tuple[str, ...]
@@ -84,6 +90,7 @@ class HeaderRule:
     source: str
     note: str
     default: str | None = None
+    boolean: bool = False
 
     @property
     def family(self) -> bool:
@@ -98,10 +105,30 @@ def _rule(
     source: str,
     note: str,
     default: str | None = None,
+    *,
+    boolean: bool = False,
 ) -> HeaderRule:
     return HeaderRule(
-        header, (frames,) if isinstance(frames, str) else frames, treatment, source, note, default
+        header,
+        (frames,) if isinstance(frames, str) else frames,
+        treatment,
+        source,
+        note,
+        default,
+        boolean,
     )
+
+
+def boolean(value: str) -> bool | None:
+    """A boolean header's value: ``true`` or ``false`` in any case, spaces around ignored
+    (stomp.py writes a Python ``True`` as ``True``); None for anything else, which the
+    session refuses rather than take for false."""
+    text = value.strip().lower()
+    if text == "true":
+        return True
+    if text == "false":
+        return False
+    return None
 
 
 _NOT_YET = "not supported yet"
@@ -153,6 +180,7 @@ RULES: Final[tuple[HeaderRule, ...]] = (
         "honoured",
         "ActiveMQ, RabbitMQ",
         "`true`: stored before its RECEIPT ([persistence.md](persistence.md))",
+        boolean=True,
     ),
     _rule("priority", "SEND", "honoured", "JMS", "0-9, higher first (default 4)"),
     _rule("expires", "SEND", "honoured", "ActiveMQ", "expiry time, epoch ms (0: never)"),
@@ -359,8 +387,9 @@ RULES: Final[tuple[HeaderRule, ...]] = (
         "honoured",
         "RabbitMQ",
         "`true`: a durable subscription named by the `id`",
+        boolean=True,
     ),
-    _rule("persistent", _DURABLE_FRAMES, "honoured", "RabbitMQ", "as `durable`"),
+    _rule("persistent", _DURABLE_FRAMES, "honoured", "RabbitMQ", "as `durable`", boolean=True),
     _rule(
         "subscription-type",
         "SUBSCRIBE",
@@ -382,6 +411,7 @@ RULES: Final[tuple[HeaderRule, ...]] = (
         "ActiveMQ",
         "queue browsing is " + _NOT_YET,
         default="false",
+        boolean=True,
     ),
     _rule(
         "activemq.exclusive",
@@ -390,6 +420,7 @@ RULES: Final[tuple[HeaderRule, ...]] = (
         "ActiveMQ",
         "exclusive consumers are " + _NOT_YET,
         default="false",
+        boolean=True,
     ),
     _rule(
         "activemq.priority",
@@ -406,6 +437,7 @@ RULES: Final[tuple[HeaderRule, ...]] = (
         "ActiveMQ",
         "retroactive consumers are " + _NOT_YET,
         default="false",
+        boolean=True,
     ),
     _rule(
         "activemq.noLocal",
@@ -414,6 +446,7 @@ RULES: Final[tuple[HeaderRule, ...]] = (
         "ActiveMQ",
         "no-local subscriptions are " + _NOT_YET,
         default="false",
+        boolean=True,
     ),
     _rule(
         "no-local",
@@ -422,6 +455,7 @@ RULES: Final[tuple[HeaderRule, ...]] = (
         "Artemis",
         "no-local subscriptions are " + _NOT_YET,
         default="false",
+        boolean=True,
     ),
     _rule(
         "activemq.maximumPendingMessageLimit",
@@ -460,6 +494,7 @@ RULES: Final[tuple[HeaderRule, ...]] = (
             "the subscription's queue as mpbroker makes it is accepted: `true` for a topic "
             "subscription that is not durable, `false` for a durable one or a queue's; the "
             "other value is refused",
+            boolean=True,
         )
         for flag in ("auto-delete", "exclusive")
     ),
@@ -482,6 +517,7 @@ RULES: Final[tuple[HeaderRule, ...]] = (
         "honoured",
         "RabbitMQ",
         "`false` dead-letters the message at once; `true` (default) puts it back",
+        boolean=True,
     ),
     # -- the families, last: a name above wins -------------------------------------------
     _rule("activemq.*", _EVERY_FRAME, "refused", "ActiveMQ", _FAMILY_NOTE),
@@ -526,7 +562,9 @@ def rule_for(command: str, header: str) -> HeaderRule | None:
 SEND_ATTENTION: Final = frozenset(
     rule.header
     for rule in RULES
-    if "SEND" in rule.frames and not rule.family and rule.treatment in ("dropped", "refused")
+    if "SEND" in rule.frames
+    and not rule.family
+    and (rule.treatment in ("dropped", "refused") or rule.boolean)
 ) | {"reply-to", "user-id", "destination-type"}
 
 
@@ -564,6 +602,8 @@ def markdown_table() -> str:
         treatment: str = rule.treatment
         if rule.default is not None:
             treatment = f"refused (but `{rule.default}` is accepted)"
+        if rule.boolean:
+            treatment += "; boolean"
         note = rule.note.replace("|", "\\|")
         lines.append(f"| `{rule.header}` | {frames} | {treatment} | {rule.source} | {note} |")
     return "\n".join(lines) + "\n"

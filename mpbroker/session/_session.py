@@ -84,6 +84,7 @@ from ._headers import (
     HONOURED,
     SEND_ATTENTION,
     HeaderRule,
+    boolean,
     rule_for,
 )
 from ._state import READING, WRITING, Event, SessionState, SessionStateError, transition
@@ -169,9 +170,26 @@ def _needs_attention(key: str) -> bool:
     return attention
 
 
+def _boolean_value(name: str, text: str) -> bool:
+    """Boolean header `name`'s value (`boolean`: true or false in any case); SessionError
+    for any other, which is never taken for false."""
+    value = boolean(text)
+    if value is None:
+        raise SessionError(f"header {name}:{text!r} must be true or false")
+    return value
+
+
+def _flag(headers: dict[str, str], name: str, default: bool = False) -> bool:
+    """Boolean header `name` (`_boolean_value`), `default` when it is absent."""
+    text = headers.get(name)
+    return default if text is None else _boolean_value(name, text)
+
+
 def _durable_flag(headers: dict[str, str]) -> bool:
     """RabbitMQ's `durable:true`, or its older `persistent:true`, on SUBSCRIBE/UNSUBSCRIBE."""
-    return headers.get("durable") == "true" or headers.get("persistent") == "true"
+    durable = _flag(headers, "durable")
+    persistent = _flag(headers, "persistent")  # (checked either way)
+    return durable or persistent
 
 
 def _message_tail(message: Message, version: str) -> bytes:
@@ -460,7 +478,9 @@ class GatewaySession:
         """One SEND header the table names (or of a vendor family): checked for the values
         the broker honours, refused, or noted as dropped."""
         value = frame.headers[key]
-        if key == "reply-to":
+        if key == "persistent":
+            _boolean_value(key, value)  # (the table's boolean rule, first: the common one)
+        elif key == "reply-to":
             # A reply-to naming a temporary destination could never be answered.
             if value.startswith(TEMPORARY_PREFIXES):
                 raise UnsupportedHeader("SEND", key, "temporary destinations are not supported yet")
@@ -476,13 +496,22 @@ class GatewaySession:
             self._routing_type(frame, key)
         else:
             rule = rule_for("SEND", key)
-            if rule is not None and rule.treatment not in ("carried", "honoured"):
+            if rule is None:
+                return
+            if rule.boolean:
+                _boolean_value(key, value)
+            if rule.treatment not in ("carried", "honoured"):
                 self._judge("SEND", key, value, rule)
 
     def _judge(self, command: str, key: str, value: str, rule: HeaderRule) -> None:
         """A header the table refuses, drops or ignores: UnsupportedHeader, or a notice."""
         if rule.treatment == "refused":
-            if rule.default is None or value.strip().lower() != rule.default:
+            if rule.boolean and rule.default is not None:
+                # A value that is no boolean at all is refused as such.
+                accepted = str(_boolean_value(key, value)).lower() == rule.default
+            else:
+                accepted = value.strip().lower() == rule.default
+            if not accepted:
                 raise UnsupportedHeader(command, key, rule.note)
             return
         if rule.treatment == "dropped":
@@ -697,7 +726,7 @@ class GatewaySession:
             user_headers,
             body,
             now_ms,
-            persistent=headers.get("persistent") == "true",
+            persistent=boolean(headers.get("persistent", "")) is True,
             priority=priority,
             expires_ms=expires,
             encoding=encoding,
@@ -755,15 +784,15 @@ class GatewaySession:
         )
         durable = self._durable_name(frame, kind, sub_id)
         for flag in ("auto-delete", "exclusive"):
-            value = headers.get(flag)
             # RabbitMQ's flags of a subscription's queue: a plain topic subscription is
             # both, a durable one or a queue's neither; asking otherwise is refused.
-            if value is not None and (value.lower() == "true") != (kind == "topic" and not durable):
+            asked = _flag(headers, flag, kind == "topic" and not durable)
+            if asked != (kind == "topic" and not durable):
                 raise UnsupportedHeader(
                     "SUBSCRIBE",
                     flag,
-                    f"{flag}:{value[:10]} asks for a subscription queue mpbroker does not "
-                    "make (a topic subscription is auto-delete and exclusive unless durable)",
+                    f"{flag}:{str(asked).lower()} asks for a subscription queue mpbroker does "
+                    "not make (a topic subscription is auto-delete and exclusive unless durable)",
                 )
         if durable:
             # Creating, taking over or replacing a durable subscription: RabbitMQ's
@@ -827,12 +856,13 @@ class GatewaySession:
         `durable:true` (or `persistent:true`) names it by the `id`.
         """
         headers = frame.headers
+        flagged = _durable_flag(headers)  # (a value that is no boolean is refused either way)
         name = None
         for header in _DURABLE_NAMES:  # (as an `or` chain: the first one set, else the last)
             name = headers.get(header)
             if name:
                 break
-        if name is None and _durable_flag(headers):
+        if name is None and flagged:
             name = sub_id
         if name is None:
             return ""
@@ -861,9 +891,8 @@ class GatewaySession:
             raise UnsupportedHeader(
                 "UNSUBSCRIBE", "client-id", "it must be this connection's client-id"
             )
-        remove = bool(sub.durable) and (
-            any(h in headers for h in _DURABLE_NAMES) or _durable_flag(headers)
-        )
+        flagged = _durable_flag(headers)  # (a value that is no boolean is refused either way)
+        remove = bool(sub.durable) and (flagged or any(h in headers for h in _DURABLE_NAMES))
         if remove:
             self._permit("admin", sub.destination)
         del self._subs_by_id[sub_id]
@@ -941,11 +970,9 @@ class GatewaySession:
 
     def _requeue_header(self, frame: Frame) -> bool:
         """A NACK's `requeue` header (RabbitMQ's): `false` dead-letters the message at once
-        instead of putting it back; absent or `true` puts it back."""
-        text = frame.headers.get("requeue", "true")
-        if text not in ("true", "false"):
-            raise SessionError(f"header requeue:{text!r} must be true or false")
-        return text == "true"
+        instead of putting it back; absent or `true` puts it back (in any case: stomp.py
+        writes a Python `False` as `False`)."""
+        return _flag(frame.headers, "requeue", True)
 
     def _begin(self, frame: Frame, now_ms: int) -> None:
         name = self._required(frame, "transaction")

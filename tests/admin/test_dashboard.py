@@ -355,7 +355,7 @@ def test_the_json_pages_take_the_dashboards_parameters(server: AdminServer) -> N
 def test_the_page_is_behind_the_host_check_and_the_credentials(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    # Its refusals are logged collapsed per address: a collapser of its own, so that they
+    # Its refusals are logged collapsed per kind: a collapser of its own, so that they
     # do not hide another test's.
     monkeypatch.setattr(logs, "_collapser", Collapser())
     fast = {"n": 2**4, "r": 1}

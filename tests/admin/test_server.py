@@ -423,7 +423,7 @@ def ask(server: AdminServer, path: str, **headers: str) -> tuple[int, Message, A
 def test_with_users_only_a_user_in_group_admin_reads_the_pages(
     caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # Refusals are collapsed per address: start from a clean slate, whatever ran before.
+    # Refusals are collapsed per kind: start from a clean slate, whatever ran before.
     monkeypatch.setattr(logs, "_collapser", Collapser())
     fast = {"n": 2**4, "r": 1}
     users = {
@@ -507,6 +507,29 @@ def test_anything_but_get_and_head_is_refused_in_json() -> None:
         assert json.load(caught.value) == {
             "error": "POST not allowed: the admin API is read-only (GET, HEAD)"
         }
+    finally:
+        server.close()
+
+
+@pytest.mark.parametrize(
+    "method", ["POST", "PUT", "DELETE", "PATCH", "OPTIONS", "TRACE", "CONNECT", "PROPFIND"]
+)
+def test_every_method_not_served_is_a_json_405_with_allow(method: str) -> None:
+    """OPTIONS and TRACE got BaseHTTPRequestHandler's HTML 501; every method but GET and
+    HEAD gets the documented JSON 405, over real HTTP."""
+    server = AdminServer("127.0.0.1", 0, lambda: status(p2p(2)))
+    server.start()
+    try:
+        code, headers, body = request(server, method, "/status")
+        assert (code, headers["Allow"], headers["Content-Type"]) == (
+            405,
+            "GET, HEAD",
+            "application/json",
+        )
+        assert json.loads(body) == {
+            "error": f"{method} not allowed: the admin API is read-only (GET, HEAD)"
+        }
+        assert request(server, "GET", "/status")[0] == 200  # and it serves on
     finally:
         server.close()
 

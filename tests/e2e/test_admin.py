@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import http.client
+import json
 import subprocess
 import sys
 from collections.abc import Callable
@@ -24,6 +26,23 @@ def test_status_lists_every_worker_ready(broker: BrokerProcess) -> None:
     titles = {w["title"]: w for w in status["workers"]}
     assert {"gateway 0", "p2p 0", "pubsub 0", "replay 0"} <= set(titles)
     assert all(w["state"] == "ready" and w["pid"] > 0 for w in titles.values())
+
+
+@pytest.mark.parametrize("method", ["OPTIONS", "TRACE", "PATCH", "CONNECT", "BREW"])
+def test_a_method_the_api_does_not_serve_is_a_json_405(broker: BrokerProcess, method: str) -> None:
+    """Not the HTML 501 OPTIONS and TRACE used to get: the documented JSON 405 with Allow
+    (docs/operations.md, the admin API)."""
+    conn = http.client.HTTPConnection("127.0.0.1", broker.admin_port, timeout=10)
+    try:
+        conn.request(method, "/status")
+        reply = conn.getresponse()
+        assert (reply.status, reply.getheader("Allow")) == (405, "GET, HEAD")
+        assert reply.getheader("Content-Type") == "application/json"
+        assert json.loads(reply.read()) == {
+            "error": f"{method} not allowed: the admin API is read-only (GET, HEAD)"
+        }
+    finally:
+        conn.close()
 
 
 def test_flow_shows_a_full_consumer_not_ready_and_a_held_producer(

@@ -212,6 +212,26 @@ def test_nack_with_requeue_false_dead_letters_at_once(
     assert letter.headers["original-destination"] == "/queue/reject"
 
 
+def test_stomp_py_s_python_booleans_read_as_true_and_false(broker: BrokerProcess) -> None:
+    """stomp.py writes the Python booleans a user passes as `True` and `False`: a NACK with
+    `requeue=False` dead-letters the message (it used to close the connection with an
+    ERROR), and `persistent: True` is taken (docs/headers.md, booleans)."""
+    conn, listener = stomp_connect(broker)
+    try:
+        conn.subscribe("/queue/pybool", id="s", ack="client-individual")
+        conn.send("/queue/pybool", "poison", headers={"persistent": True, "receipt": "sent"})
+        [message] = listener.wait_for(1)
+        conn.nack(message.headers["ack"], requeue=False)
+        conn.subscribe("/queue/DLQ.pybool", id="d", ack="auto")
+        _, letter = listener.wait_for(2)
+        assert letter.body == "poison"
+        assert letter.headers["dead-letter-reason"] == "rejected: NACK with requeue:false"
+        assert listener.errors == []
+        assert conn.is_connected()
+    finally:
+        conn.disconnect()
+
+
 def test_unacked_messages_of_a_disconnected_consumer_go_to_another(
     broker: BrokerProcess, raw: RawFactory
 ) -> None:

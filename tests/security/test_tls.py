@@ -20,6 +20,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
+from mpbroker import logs
 from mpbroker.config import ConfigError, StompSettings
 from mpbroker.security import TlsHandshakes, server_context, subject_common_name
 
@@ -258,8 +259,13 @@ _log = logging.getLogger("tests.security.tls")
 
 
 @pytest.fixture
-def logged(caplog: pytest.LogCaptureFixture) -> pytest.LogCaptureFixture:
-    """The log, with the handshakes' lines from INFO up."""
+def logged(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> pytest.LogCaptureFixture:
+    """The log, with the handshakes' lines from INFO up. The failures are collapsed per
+    kind, whatever the address: a collapser of its own, so that another test's failure
+    does not hide this one's line."""
+    monkeypatch.setattr(logs, "_collapser", logs.Collapser())
     caplog.set_level(logging.INFO, logger=_log.name)
     return caplog
 

@@ -366,6 +366,58 @@ def test_rabbitmqs_queue_flags_are_accepted_as_mpbroker_makes_the_subscription(
             assert routes(session) == []
 
 
+def boolean_pairs() -> list[tuple[str, str]]:
+    """(frame, header) for every header the table reads as a boolean."""
+    return [(command, rule.header) for rule in RULES if rule.boolean for command in rule.frames]
+
+
+def reading(command: str, header: str, value: str) -> tuple[object, ...]:
+    """What a `command` frame with `header:value` comes to: the records routed (what of
+    them the header decides) and the ERROR's message, if any."""
+    session = session_for(command)
+    session.frame_received(Frame(command, {**_BASE[command], header: value}), NOW)
+    records = tuple(
+        (type(r).__name__, getattr(r, "requeue", None), getattr(r, "durable", None))
+        if not isinstance(r, Send)
+        else ("Send", r.message.persistent)
+        for _, r in routes(session)
+    )
+    errors = tuple(f.headers.get("message") for f in frames(session) if f.command == "ERROR")
+    return records, errors
+
+
+def test_the_boolean_headers_are_the_ones_the_docs_name() -> None:
+    assert {header for _, header in boolean_pairs()} == {
+        "persistent",
+        "durable",
+        "auto-delete",
+        "exclusive",
+        "requeue",
+        "browser",
+        "activemq.exclusive",
+        "activemq.retroactive",
+        "activemq.noLocal",
+        "no-local",
+    }
+
+
+@pytest.mark.parametrize(("command", "header"), boolean_pairs())
+def test_a_boolean_header_reads_true_and_false_in_any_case_and_refuses_the_rest(
+    command: str, header: str
+) -> None:
+    """One rule for every boolean (docs/headers.md): stomp.py writes Python's `False` as
+    `False`, which must read as `false`, and `yes` must not."""
+    for word in ("true", "false"):
+        expected = reading(command, header, word)
+        for value in (word.upper(), word.capitalize(), f" {word} "):
+            assert reading(command, header, value) == expected, (value, expected)
+    for value in ("yes", "1", "", "truthy"):
+        assert reading(command, header, value) == (
+            (),
+            (f"header {header}:{value!r} must be true or false",),
+        ), value
+
+
 def test_unsubscribe_refuses_another_connections_client_id() -> None:
     session = new_session()
     session.frame_received(Frame("CONNECT", {"accept-version": "1.2", "client-id": "c"}), NOW)

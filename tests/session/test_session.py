@@ -316,13 +316,29 @@ def test_each_send_takes_the_next_message_id() -> None:
     assert ids == ["ID-1", "ID-2", "ID-3"]
 
 
-@pytest.mark.parametrize("value", ["false", "TRUE", "1", ""])
-def test_only_persistent_true_makes_a_message_persistent(value: str) -> None:
+@pytest.mark.parametrize(
+    ("value", "persistent"), [("true", True), ("TRUE", True), ("True", True), ("false", False)]
+)
+def test_persistent_is_a_boolean_in_any_case(value: str, persistent: bool) -> None:
+    # stomp.py writes a Python True as "True": the message is persistent all the same.
     session = connected()
     session.frame_received(frame("SEND", destination="/queue/q", persistent=value), NOW)
     [(_, record)] = routes(session)
     assert isinstance(record, Send)
-    assert not record.message.persistent
+    assert record.message.persistent is persistent
+
+
+@pytest.mark.parametrize("value", ["1", "", "yes"])
+def test_a_persistent_header_that_is_no_boolean_is_refused_not_taken_for_false(
+    value: str,
+) -> None:
+    session = connected()
+    send = frame("SEND", destination="/queue/q", persistent=value, receipt="r")
+    assert session.refuses_send(send)  # before flow control may hold it
+    error = error_of(session)
+    assert error.headers["message"] == f"header persistent:{value!r} must be true or false"
+    assert error.headers["receipt-id"] == "r"
+    assert routes(session) == []
 
 
 def test_send_without_destination_is_an_error_answering_the_receipt() -> None:
@@ -413,6 +429,9 @@ def test_nack_carries_rabbitmq_s_requeue_header() -> None:
         ({}, True),
         ({"requeue": "true"}, True),
         ({"requeue": "false"}, False),
+        # stomp.py writes a Python False as "False" (`conn.nack(id, requeue=False)`).
+        ({"requeue": "False"}, False),
+        ({"requeue": "TRUE"}, True),
     ):
         session.frame_received(Frame("NACK", {"id": f"{sub.sub}/m1", **headers}), NOW)
         [(_, record)] = routes(session)
