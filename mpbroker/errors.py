@@ -12,6 +12,8 @@ from __future__ import annotations
 
 __all__ = [
     "AuthenticationFailed",
+    "ConnectionRefused",
+    "Displaced",
     "LimitReached",
     "MessageTooLarge",
     "NeverFits",
@@ -83,6 +85,29 @@ class AuthenticationFailed(Refusal):
 
     def __init__(self) -> None:
         super().__init__("authentication failed")
+
+
+class ConnectionRefused(Refusal):
+    """A connection the broker will not serve: `reason` says why (``max_connections 50
+    reached``, ``broker is shutting down``). Its ERROR is the only frame the client gets."""
+
+    def __init__(self, reason: str) -> None:
+        self.reason = reason
+        super().__init__(f"connection refused: {reason}")
+
+
+class Displaced(Refusal):
+    """A connection that had not completed CONNECT, closed to give its place to a newer one:
+    `limit` (``max_connections`` or ``max_connections_connecting``) was reached at `value`."""
+
+    def __init__(self, limit: str, value: int) -> None:
+        self.limit = limit
+        self.value = value
+        super().__init__(
+            f"connection closed to make room: {limit} {value} reached before its CONNECT",
+            "The broker closes its oldest connections that have not completed CONNECT when "
+            "new ones need their places. Send CONNECT as soon as the connection is open.",
+        )
 
 
 class AccessDenied(Refusal):

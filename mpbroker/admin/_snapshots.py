@@ -314,6 +314,7 @@ class GatewayStats(_Snapshot, frozen=True, tag_field="role", tag="gateway"):
             and the TLS handshake).
         connections_refused: connections it refused since it started, by kind:
             max_connections, max_connections_connecting, max_connections_per_address,
+            displaced (closed before its CONNECT to make room for a new connection),
             shutting_down, tls_handshake, websocket_handshake (refused, failed or not
             completed in time), authentication (a CONNECT whose login failed).
         frames_in, frames_out: STOMP frames read from clients, and made for them, since

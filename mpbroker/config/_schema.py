@@ -106,10 +106,13 @@ class BrokerSettings:
         0, "client connections accepted at once from one IP address (0 = no limit)", min=0
     )
     # Sockets that have not completed CONNECT (and authentication) cost little to open and
-    # hold; their own limit keeps them from taking max_connections from real clients.
+    # hold. Their own limit, kept below max_connections (`connecting_limit`), and closing
+    # the oldest of them to make room (as nginx closes its idle connections when it runs
+    # out) keep them from taking max_connections from real clients.
     max_connections_connecting: int = _setting(
         1000,
-        "connections that have not completed CONNECT, over all gateways; more are refused",
+        "connections that have not completed CONNECT, over all gateways (at most half of "
+        "max_connections); past it the oldest of them is closed to make room",
         min=1,
     )
     shutdown_timeout_ms: int = _setting(
@@ -147,6 +150,13 @@ class BrokerSettings:
     def pubsub_count(self) -> int:
         """pubsub workers (0 means one per CPU)."""
         return self.pubsub_workers or (os.cpu_count() or 1)
+
+    def connecting_limit(self) -> int:
+        """The limit on connections that have not completed CONNECT that holds:
+        `max_connections_connecting`, but at most half of `max_connections` (at least 1),
+        so that it is below max_connections whatever the two settings say (a default
+        config is valid for any max_connections)."""
+        return max(1, min(self.max_connections_connecting, self.max_connections // 2))
 
 
 @dataclass(frozen=True, slots=True)

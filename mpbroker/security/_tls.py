@@ -154,8 +154,10 @@ class TlsHandshakes:
     Each runs in its connection's own task, so a slow one holds up no other connection,
     and must complete within `timeout_s` of the accept: a client that connects and says
     nothing is dropped then. (The gateway counts a connection as connecting from its
-    accept, so `broker.max_connections_connecting` bounds the handshakes too.) A failed
-    handshake is logged (collapsed per address) and ends only its connection.
+    accept, so `broker.max_connections_connecting` bounds the handshakes too: the gateway
+    may close one to make room for a newer connection, by cancelling `complete`, which
+    then leaves the stream to it.) A failed handshake is logged (collapsed per address)
+    and ends only its connection.
     """
 
     def __init__(self, timeout_s: float, logger: logging.Logger) -> None:

@@ -605,6 +605,11 @@ class GatewaySession:
         """The broker shuts down: the client is told with an ERROR."""
         self._fail("broker is shutting down")
 
+    def closing(self, refusal: Refusal) -> None:
+        """The shell closes the connection for a reason of its own, no frame's (closed to
+        make room before its CONNECT): an ERROR saying why."""
+        self._fail(refusal.message, refusal.detail)
+
     def closed(self) -> None:
         """The socket is closed (the client went away, or we closed it after CLOSING).
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Final
 
 __all__ = [
-    "GATEWAY_CONNECTING",
+    "GATEWAY_CONNECTED",
     "GATEWAY_CONNECTIONS",
     "GATEWAY_FRAMES_IN",
     "PIPELINE_DELIVERED",
@@ -17,8 +17,9 @@ __all__ = [
 
 GATEWAY_CONNECTIONS: Final = 0
 GATEWAY_FRAMES_IN: Final = 1
-# Of its connections, those that have not completed CONNECT (nor the TLS handshake).
-GATEWAY_CONNECTING: Final = 2
+# Of its connections, those that have completed CONNECT (the others are still connecting:
+# each gateway keeps its own list of those, `Gateway.arrivals`).
+GATEWAY_CONNECTED: Final = 2
 
 # Totals since the pipeline started (each incarnation counts from 0).
 PIPELINE_RECEIVED: Final = 0

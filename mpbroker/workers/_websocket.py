@@ -244,8 +244,9 @@ class WebSocketHandshakes:
     Each runs in its connection's task, within `stomp.connect_timeout_ms` of the accept
     (TLS's included, for wss), as its TLS handshake does: a client that connects and says
     nothing is dropped then, and it counts as connecting meanwhile
-    (`broker.max_connections_connecting`). A refusal is an HTTP answer saying why, and a
-    log line collapsed per address.
+    (`broker.max_connections_connecting`): the gateway may close it to make room for a
+    newer connection, by cancelling `complete` (which then leaves its stream to the
+    gateway). A refusal is an HTTP answer saying why, and a log line collapsed per address.
     """
 
     def __init__(

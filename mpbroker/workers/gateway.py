@@ -14,11 +14,14 @@ import collections
 import contextlib
 import enum
 import errno
+import fcntl
 import itertools
 import logging
 import os
 import signal
 import socket
+import struct
+import termios
 import time
 from collections.abc import Awaitable, Callable, Iterator
 from functools import partial
@@ -31,7 +34,7 @@ from mpbroker import records
 from mpbroker.admin import GatewayStats, HeldSend
 from mpbroker.clock import epoch_ms
 from mpbroker.config import Config, ConfigError
-from mpbroker.errors import AuthenticationFailed
+from mpbroker.errors import AuthenticationFailed, ConnectionRefused, Displaced
 from mpbroker.flow import FlowGate, Stop
 from mpbroker.logs import client_text, log_collapsed, peer_address
 from mpbroker.records import Hello, Record
@@ -74,7 +77,7 @@ from mpbroker.stomp import (
 )
 
 from ._base import StopOnSignal, WorkerBase
-from ._counters import GATEWAY_CONNECTING, GATEWAY_CONNECTIONS, GATEWAY_FRAMES_IN
+from ._counters import GATEWAY_CONNECTED, GATEWAY_CONNECTIONS, GATEWAY_FRAMES_IN
 from ._gateway_loops import (
     RUN_DENIED,
     RUN_REFUSED,
@@ -103,6 +106,16 @@ log = logging.getLogger("mpbroker.gateway")
 
 _LISTEN_BACKLOG = 1024
 _CLOSE_TIMEOUT_S = 2.0
+# How many of its oldest connections still connecting a gateway looks through for an idle
+# one, when it must close one to make room (`Gateway._victim`).
+_SILENT_SCAN = 64
+# A connection that has sent nothing for this long since its accept is idle: a client
+# sends its CONNECT, TLS ClientHello or HTTP request as soon as it is connected. Till then
+# only a connection that has sent something may push it out (`Gateway._victim`), and a new
+# one that has sent nothing waits this long for its first bytes before it is judged.
+_FIRST_BYTES_S = 0.5
+# `Gateway._admit_connection`'s kind for "wait for its first bytes, then ask again".
+_SPEAK_FIRST = "speak first"
 # What a connection reads and writes: its socket, TLS over it (stomp.tls_port), or a
 # WebSocket over either (stomp.ws_port, stomp.wss_port).
 _ClientStream: TypeAlias = Transport | WebSocketStream
@@ -180,19 +193,65 @@ class _Port:
             self._empty.set()
 
 
+class _Arrival:
+    """A connection as its gateway counts it, from its accept on: still connecting (its TLS
+    and WebSocket handshakes, then its CONNECT) while it is in `Gateway.arrivals`, which
+    may close it to make room for a newer one; `connected` once its CONNECT went through."""
+
+    __slots__ = (
+        "address",
+        "connected",
+        "counted",
+        "displaced",
+        "heard",
+        "peer",
+        "scope",
+        "since",
+        "sock",
+        "waited",
+    )
+
+    def __init__(self, peer: str, sock: trio.socket.SocketType) -> None:
+        self.peer = peer
+        self.address = peer_address(peer)
+        self.sock = sock
+        # In GATEWAY_CONNECTIONS and the address counts (until `Gateway._release`).
+        self.counted = False
+        # In GATEWAY_CONNECTED: its CONNECT went through.
+        self.connected = False
+        # What is cancelled to close it while it connects: its handshakes' scope, then its
+        # reader's while that waits for the CONNECT.
+        self.scope = trio.CancelScope()
+        # Why it was closed to make room (None: it was not).
+        self.displaced: Displaced | None = None
+        # The gateway read something from it (a handshake counts).
+        self.heard = False
+        # When it was accepted (trio's clock).
+        self.since = trio.current_time()
+        # It had `_FIRST_BYTES_S` to send something before it was judged.
+        self.waited = False
+
+    def has_spoken(self) -> bool:
+        """Whether the client has sent anything, as far as the gateway can tell: bytes it
+        read, or bytes waiting in the socket (a client that went away has sent nothing)."""
+        return self.heard or _waiting_bytes(self.sock) > 0
+
+
 class _Connection:
     """One client's socket and session, and what the shell keeps for them: the bytes taken
     from the session and not yet written, the writer's wake-up, the producer's paces."""
 
-    def __init__(self, session: GatewaySession, stream: _ClientStream, peer: str) -> None:
+    def __init__(
+        self, session: GatewaySession, stream: _ClientStream, peer: str, arrival: _Arrival
+    ) -> None:
         self.session = session
         self.stream = stream
         self.peer = peer
         self.wake = trio.Event()
         self.unsent: list[bytes | memoryview] = []
         self.pacer = Pacer()
-        # Not yet through CONNECT: counted in the gateway's GATEWAY_CONNECTING.
-        self.connecting = True
+        # How its gateway counts it, and may close it to make room until its CONNECT.
+        self.arrival = arrival
         # A WebSocket sends each frame as a message: the session keeps them whole.
         self.websocket = stream if isinstance(stream, WebSocketStream) else None
         session.whole_frames = self.websocket is not None
@@ -240,6 +299,9 @@ class Gateway:
             self.ports.append(_Port(out_ring.writer(self.pipeline_bells[p])))
             self.readers.append(in_ring.reader())
         self.connections: dict[int, _Connection] = {}
+        # This gateway's connections that have not completed CONNECT, oldest first (a dict
+        # for its order): those it may close to make room for newer ones (`_admit_connection`).
+        self.arrivals: dict[_Arrival, None] = {}
         # Connection ids stay unique across restarts of this gateway: incarnation in the
         # high bits, so a pipeline never confuses a new connection with a dead one's.
         self._conn_ids = itertools.count((spec.incarnation << 40) + 1)
@@ -498,27 +560,109 @@ class Gateway:
             control.slot(layout.gateway_slot(g)).counter(counter) for g in range(layout.gateways)
         )
 
-    def _refusal(self, address: str) -> tuple[str, str]:
-        """Why a new connection from `address`, already counted, is refused: (the kind, for
-        the refusal counters; the text), ("", "") when it is not. Counted first and judged
-        after: two gateways taking the last place at once both see the other, so both
-        refuse (early), never both take it (late)."""
+    def _admit_connection(self, arrival: _Arrival) -> tuple[str, ConnectionRefused] | None:
+        """Whether a new connection, already counted, may go on: None when it may (maybe
+        after closing another to make room for it), else (the kind, for the refusal
+        counters; the refusal). The kind is `_SPEAK_FIRST` when it has sent nothing yet and
+        no connection is idle (`_victim`): the caller gives it `_FIRST_BYTES_S` to send
+        something, and asks again. Counted first and judged after: two gateways
+        taking the last place at once both see the other, so both refuse (early), never
+        both take it (late).
+
+        Only clients through CONNECT can lock others out: when they hold every place, a
+        new connection is refused. Connections still connecting (idle sockets, slowloris)
+        never can: when the broker is full, or this gateway holds its share of
+        `broker.max_connections_connecting`, the oldest of them makes room (`_victim`), as
+        nginx closes idle connections when it runs out. A gateway closes only its own: each
+        has its share of the connecting limit (the limit split evenly over the gateways,
+        at least one each; the kernel spreads connections evenly over them), so making
+        room is local, immediate and exact, with no round trip through shared memory to
+        another process. `max_connections` is a total over every gateway, since clients
+        through CONNECT may sit anywhere; when the connections still connecting that fill
+        it are all other gateways', this one lets the new connection in one over (see
+        below), and `_connected` keeps clients through CONNECT within max_connections."""
         broker = self.config.broker
         if self.stopping:
-            return "shutting_down", "broker is shutting down"
-        if self._total(GATEWAY_CONNECTIONS) > broker.max_connections:
-            return "max_connections", f"max_connections {broker.max_connections} reached"
-        # Connections that have not said who they are yet have their own, smaller limit, so
-        # that idle sockets cannot take every connection from clients that have.
-        connecting = min(broker.max_connections_connecting, broker.max_connections)
-        if self._total(GATEWAY_CONNECTING) > connecting:
-            kind = "max_connections_connecting"
-            return kind, f"{kind} {connecting} reached"
+            return "shutting_down", ConnectionRefused("broker is shutting down")
+        limit = broker.max_connections
+        if self._total(GATEWAY_CONNECTED) >= limit:
+            return _limit_refusal("max_connections", limit)
         per_address = broker.max_connections_per_address
-        if per_address and self.addresses.total(address) > per_address:
-            kind = "max_connections_per_address"
-            return kind, f"{kind} {per_address} reached"
-        return "", ""
+        if per_address and self.addresses.total(arrival.address) > per_address:
+            # (Before making room: one address does not close others' connections.)
+            return _limit_refusal("max_connections_per_address", per_address)
+        connecting = broker.connecting_limit()
+        if self._total(GATEWAY_CONNECTIONS) > limit:
+            kind, value = "max_connections", limit
+        elif len(self.arrivals) >= max(1, connecting // self.layout.gateways):
+            kind, value = "max_connections_connecting", connecting
+        else:
+            return None
+        victim = self._victim(arrival)
+        if victim is arrival:
+            kind, refusal = _limit_refusal(kind, value)
+            return (kind if arrival.waited else _SPEAK_FIRST), refusal
+        if victim is not None:
+            self._displace(victim, kind, value)
+        # (None: this gateway holds no other connection still connecting, so those that
+        # fill the broker are other gateways'. Refusing would lock clients out of this
+        # gateway for as long as idle sockets keep coming to the others; it takes this one
+        # over the total instead, by one connection, which its next newcomer replaces if
+        # it is still connecting then.)
+        return None
+
+    def _victim(self, newcomer: _Arrival) -> _Arrival | None:
+        """Which connection still connecting gives its place to `newcomer`: this gateway's
+        oldest that is idle, having sent nothing in the `_FIRST_BYTES_S` since its accept
+        (an idle socket, or a client that went away). When none is, the oldest one if the
+        newcomer has sent something; if it has not, the newcomer itself, which is refused
+        once it had `_FIRST_BYTES_S` to send something: a socket that has said nothing
+        pushes out only one that has said nothing for longer, never a client that is
+        sending its CONNECT (or has just connected). None when this gateway has no other
+        connection still connecting."""
+        idle_before = trio.current_time() - _FIRST_BYTES_S
+        oldest: _Arrival | None = None
+        for n, arrival in enumerate(self.arrivals):
+            if oldest is None:
+                oldest = arrival
+            if arrival.since > idle_before or n >= _SILENT_SCAN:
+                break  # (the rest are younger)
+            if not arrival.has_spoken():
+                return arrival
+        if oldest is None or newcomer.has_spoken():
+            return oldest
+        return newcomer
+
+    def _displace(self, victim: _Arrival, kind: str, value: int) -> None:
+        """Close a connection still connecting to make room: its place is the newcomer's
+        at once, and it gets an ERROR saying why (or, in its handshake, is closed)."""
+        victim.displaced = Displaced(kind, value)
+        self._release(victim)
+        self._count_refusal("displaced")
+        log_collapsed(
+            log,
+            logging.INFO,
+            f"closing a connection to make room: {kind}",
+            victim.peer,
+            "closing %s to make room for a new connection: %s %d reached, and it has not "
+            "completed CONNECT",
+            victim.peer,
+            kind,
+            value,
+        )
+        victim.scope.cancel()
+
+    def _release(self, arrival: _Arrival) -> None:
+        """The connection no longer counts (it ended, or was closed to make room). Once."""
+        self.arrivals.pop(arrival, None)
+        if not arrival.counted:
+            return
+        arrival.counted = False
+        self.slot.add_counter(GATEWAY_CONNECTIONS, -1)
+        self.addresses.add(self.index, arrival.address, -1)
+        if arrival.connected:
+            arrival.connected = False
+            self.slot.add_counter(GATEWAY_CONNECTED, -1)
 
     def _count_refusal(self, kind: str) -> None:
         """A connection refused, by kind (`GatewayStats.connections_refused`)."""
@@ -536,36 +680,48 @@ class Gateway:
         # The WebSocket handshake's deadline counts from here (TLS's time included).
         deadline = trio.current_time() + self.config.stomp.connect_timeout_ms / 1000
         peer = _peer_name(stream)
-        address = peer_address(peer)
+        arrival = _Arrival(peer, _socket_of(stream))
+        arrival.counted = True
         self.slot.add_counter(GATEWAY_CONNECTIONS, 1)
-        self.slot.add_counter(GATEWAY_CONNECTING, 1)
-        self.addresses.add(self.index, address, 1)
-        conn: _Connection | None = None
+        self.addresses.add(self.index, arrival.address, 1)
         try:
-            kind, reason = self._refusal(address)
-            if reason:
+            refused = self._admit_connection(arrival)
+            if refused is not None and refused[0] == _SPEAK_FIRST:
+                with trio.move_on_after(_FIRST_BYTES_S) as wait:
+                    await trio.lowlevel.wait_readable(arrival.sock)
+                if not wait.cancelled_caught and not _waiting_bytes(arrival.sock):
+                    # Readable with nothing to read: it went away. No refusal to tell.
+                    await trio.aclose_forcefully(stream)
+                    return
+                arrival.waited = True
+                refused = self._admit_connection(arrival)
+            if refused is not None:
+                kind, refusal = refused
                 self._count_refusal(kind)
-                await self._refuse(stream, peer, reason, ws)
-            # (A failed handshake closes its stream.)
-            elif tls is not None and not (
-                isinstance(stream, trio.SSLStream) and await tls.complete(stream, peer)
-            ):
-                self._count_refusal("tls_handshake")
-            else:
-                client = stream if ws is None else await ws.complete(stream, peer, deadline)
-                if client is None:
-                    self._count_refusal("websocket_handshake")
+                await self._refuse(stream, peer, refusal, ws)
+                return
+            self.arrivals[arrival] = None
+            client: _ClientStream | None = None
+            with arrival.scope:  # (cancelled by `_displace`)
+                # (A failed handshake closes its stream.)
+                if tls is not None and not (
+                    isinstance(stream, trio.SSLStream) and await tls.complete(stream, peer)
+                ):
+                    self._count_refusal("tls_handshake")
                 else:
-                    self.accepted += 1
-                    conn = self._open(client, peer)
-                    await self.serve_connection(conn)
+                    client = stream if ws is None else await ws.complete(stream, peer, deadline)
+                    if client is None:
+                        self._count_refusal("websocket_handshake")
+            if arrival.displaced is not None:
+                await trio.aclose_forcefully(client or stream)
+            elif client is not None:
+                arrival.heard = tls is not None or ws is not None
+                self.accepted += 1
+                await self.serve_connection(self._open(client, arrival))
         finally:
-            self.slot.add_counter(GATEWAY_CONNECTIONS, -1)
-            if conn is None or conn.connecting:
-                self.slot.add_counter(GATEWAY_CONNECTING, -1)
-            self.addresses.add(self.index, address, -1)
+            self._release(arrival)
 
-    def _open(self, stream: _ClientStream, peer: str) -> _Connection:
+    def _open(self, stream: _ClientStream, arrival: _Arrival) -> _Connection:
         session = GatewaySession(
             next(self._conn_ids),
             self.config,
@@ -574,14 +730,45 @@ class Gateway:
             self.tx_budget,
             self.access,
         )
-        return _Connection(session, stream, peer)
+        return _Connection(session, stream, arrival.peer, arrival)
 
-    def _connected(self, conn: _Connection) -> None:
-        """The connection's CONNECT went through: it no longer counts as connecting (the
-        caller asks only while it does)."""
-        if conn.session.state is not SessionState.AWAITING_CONNECT:
-            conn.connecting = False
-            self.slot.add_counter(GATEWAY_CONNECTING, -1)
+    def _connected(self, conn: _Connection, frame: Frame) -> bool:
+        """The connection's CONNECT is about to go through (its login was checked): it
+        counts as connected from now on. False when it may not: it was closed to make
+        room meanwhile, or clients through CONNECT hold every place now (counted first
+        and judged after, as `_admit_connection` does); the ERROR is queued."""
+        arrival = conn.arrival
+        if arrival.displaced is not None:
+            self._close_displaced(conn, arrival.displaced)
+            return False
+        self.arrivals.pop(arrival, None)
+        arrival.connected = True
+        self.slot.add_counter(GATEWAY_CONNECTED, 1)
+        limit = self.config.broker.max_connections
+        if self._total(GATEWAY_CONNECTED) <= limit:
+            return True
+        # Only possible when a gateway let a connection in over the total (`_admit_connection`).
+        arrival.connected = False
+        self.slot.add_counter(GATEWAY_CONNECTED, -1)
+        kind, refusal = _limit_refusal("max_connections", limit)
+        self._count_refusal(kind)
+        log_collapsed(
+            log,
+            logging.WARNING,
+            "refused connection",
+            conn.peer,
+            "refused connection from %s: %s",
+            conn.peer,
+            refusal.reason,
+        )
+        conn.session.refuse(frame, refusal)
+        conn.close_with(CLOSE_POLICY)
+        return False
+
+    def _close_displaced(self, conn: _Connection, displaced: Displaced) -> None:
+        """It was closed to make room (`_displace` logged it): the ERROR."""
+        conn.session.closing(displaced)
+        conn.close_with(CLOSE_POLICY)
 
     async def serve_connection(self, conn: _Connection) -> None:
         """Read and write one connection until it ends (`accept` counted it)."""
@@ -627,7 +814,11 @@ class Gateway:
             await trio.aclose_forcefully(stream)
 
     async def _refuse(
-        self, stream: Transport, peer: str, reason: str, ws: WebSocketHandshakes | None
+        self,
+        stream: Transport,
+        peer: str,
+        refusal: ConnectionRefused,
+        ws: WebSocketHandshakes | None,
     ) -> None:
         log_collapsed(
             log,
@@ -636,14 +827,14 @@ class Gateway:
             peer,
             "refused connection from %s: %s",
             peer,
-            reason,
+            refusal.reason,
         )
         if isinstance(stream, trio.SSLStream):
             # No handshake to say why: refusing must cost less than serving, or a flood
             # of TLS connections past the limits would cost a handshake each.
             await trio.aclose_forcefully(stream.transport_stream)
             return
-        frame = Frame("ERROR", {"message": f"connection refused: {reason}"})
+        frame = Frame("ERROR", {"message": refusal.message})
         if ws is not None:
             # The ERROR as a message, if the client completes its handshake at once (it
             # does not wait for anything): a browser shows no HTTP status to a page.
@@ -667,6 +858,7 @@ class Gateway:
 
     async def _read_frames(self, conn: _Connection) -> None:
         session = conn.session
+        arrival = conn.arrival
         parser = FrameParser(self.limits, commands=CLIENT_COMMANDS)
         stomp = self.config.stomp
         # One socket read; frames within are handled as one batch.
@@ -675,7 +867,11 @@ class Gateway:
         # When the frame being read must be complete (inf: none is being read).
         frame_deadline = float("inf")
         while session.accepts_frames():
-            if session.state is SessionState.AWAITING_CONNECT:
+            awaiting = session.state is SessionState.AWAITING_CONNECT
+            if awaiting:
+                if arrival.displaced is not None:  # (while it was busy: not reading)
+                    self._close_displaced(conn, arrival.displaced)
+                    break
                 deadline = connect_deadline
             elif session.heartbeat[1]:
                 deadline = trio.current_time() + session.heartbeat[1] * stomp.heartbeat_grace / 1000
@@ -684,6 +880,8 @@ class Gateway:
             trickled = frame_deadline < deadline
             deadline = min(deadline, frame_deadline)
             with trio.CancelScope(deadline=deadline) as scope:
+                if awaiting:
+                    arrival.scope = scope  # closing it to make room cancels the read
                 try:
                     # bytes() for the type checker: an SSLStream's reads are typed
                     # bytes | bytearray, and are bytes (of which bytes() is no copy).
@@ -694,6 +892,9 @@ class Gateway:
                     # A WebSocket message past the limit (refused before it is read).
                     self._protocol_error(conn, exc)
                     break
+            if scope.cancelled_caught and arrival.displaced is not None:
+                self._close_displaced(conn, arrival.displaced)
+                break
             if scope.cancelled_caught:
                 # One kind each, so one does not hide another's first line.
                 if trickled:
@@ -715,6 +916,8 @@ class Gateway:
             if not data:
                 session.closed()  # the client went away: nothing more can be written to it
                 break
+            if awaiting:
+                arrival.heard = True
             try:
                 frames = parser.feed(data)
             except ProtocolError as exc:
@@ -761,16 +964,13 @@ class Gateway:
                             break
                         if admitted is _WAITED:
                             now = epoch_ms()
-                connecting = session.state is SessionState.AWAITING_CONNECT
                 if (
-                    connecting
+                    session.state is SessionState.AWAITING_CONNECT
                     and frame.command in ("CONNECT", "STOMP")
-                    and not await self._authenticate(conn, frame)
+                    and not (await self._authenticate(conn, frame) and self._connected(conn, frame))
                 ):
                     break
                 session.frame_received(frame, now)
-                if conn.connecting:
-                    self._connected(conn)
                 if session.denial:
                     self._log_denial(conn)
                 parser.version = session.version  # CONNECT may have changed it
@@ -985,10 +1185,32 @@ def _access_control(config: Config) -> AccessControl:
     return AccessControl(config.acl, config.queues.dead_letter_prefix)
 
 
+def _limit_refusal(kind: str, value: int) -> tuple[str, ConnectionRefused]:
+    """A new connection refused for a limit (`kind`, a setting) reached at `value`."""
+    return kind, ConnectionRefused(f"{kind} {value} reached")
+
+
+def _socket_of(stream: Transport) -> trio.socket.SocketType:
+    """The connection's socket (a TLS stream's is its transport's)."""
+    return stream.transport_stream.socket if isinstance(stream, trio.SSLStream) else stream.socket
+
+
+def _waiting_bytes(sock: trio.socket.SocketType) -> int:
+    """Bytes the client sent that wait in the socket, unread (FIONREAD: nothing is taken;
+    0 once it is closed)."""
+    fd = sock.fileno()
+    if fd < 0:
+        return 0  # closed
+    try:
+        reply = fcntl.ioctl(fd, termios.FIONREAD, bytes(4))
+    except OSError:
+        return 0
+    return int(struct.unpack("i", reply)[0])
+
+
 def _peer_name(stream: Transport) -> str:
-    """The client's HOST:PORT ("?" once it has gone); a TLS stream's socket is its
-    transport's."""
-    sock = stream.transport_stream.socket if isinstance(stream, trio.SSLStream) else stream.socket
+    """The client's HOST:PORT ("?" once it has gone)."""
+    sock = _socket_of(stream)
     try:
         host, port = sock.getpeername()[:2]
     except OSError:

@@ -645,3 +645,18 @@ def test_allowed_origins_must_be_origins_and_need_a_websocket_port() -> None:
         ConfigError, match=r"has no effect without stomp\.ws_port or stomp\.wss_port"
     ):
         load_config_text("[stomp]\nws_allowed_origins = 'https://a.example'\n")
+
+
+@pytest.mark.parametrize(
+    ("settings", "limit"),
+    [
+        ("", 1000),  # the defaults: max_connections 10000
+        ("max_connections = 50\n", 25),  # a default config is valid for any max_connections
+        ("max_connections = 50\nmax_connections_connecting = 10\n", 10),
+        ("max_connections = 50\nmax_connections_connecting = 50\n", 25),
+        ("max_connections = 3\n", 1),
+        ("max_connections = 1\n", 1),  # at least one, or nobody could connect
+    ],
+)
+def test_the_connecting_limit_stays_below_max_connections(settings: str, limit: int) -> None:
+    assert load_config_text(f"[broker]\n{settings}").broker.connecting_limit() == limit
