@@ -26,6 +26,7 @@ __all__ = [
     "ACK_CLIENT",
     "ACK_INDIVIDUAL",
     "ACK_MODES",
+    "CONN_INCARNATION_SHIFT",
     "KIND_OF",
     "NO_HEADERS",
     "Ack",
@@ -50,6 +51,7 @@ __all__ = [
     "Send",
     "Subscribe",
     "Unsubscribe",
+    "conn_incarnation",
     "decode",
     "decode_page",
     "encode",
@@ -62,6 +64,15 @@ ACK_AUTO: Final = 0
 ACK_CLIENT: Final = 1  # cumulative
 ACK_INDIVIDUAL: Final = 2  # client-individual
 ACK_MODES: Final = {"auto": ACK_AUTO, "client": ACK_CLIENT, "client-individual": ACK_INDIVIDUAL}
+
+CONN_INCARNATION_SHIFT: Final = 40
+"""A connection id is the incarnation of the gateway that made it, shifted this far, plus
+its number in that incarnation."""
+
+
+def conn_incarnation(conn: int) -> int:
+    """The incarnation of the gateway whose connection `conn` is."""
+    return conn >> CONN_INCARNATION_SHIFT
 
 
 class Message(msgspec.Struct, array_like=True, gc=False):

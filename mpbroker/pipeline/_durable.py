@@ -67,6 +67,7 @@ from mpbroker.records import (
     Send,
     Subscribe,
     Unsubscribe,
+    conn_incarnation,
     message_size,
 )
 from mpbroker.security import ANONYMOUS
@@ -100,6 +101,10 @@ def _by_subscription(refs: list[StoredRef]) -> list[tuple[str, int]]:
 
 def _text(selector: Selector | None) -> str:
     return "" if selector is None else selector.text
+
+
+def _never_gone(gateway: int, incarnation: int) -> bool:
+    return False
 
 
 def _stored_selector(name: str, text: str | None) -> Selector | None:
@@ -326,6 +331,9 @@ class Durables:
         self.max_live = config.topics.max_pending_messages
         self.flow = flow
         self.low_water = config.replay.replay_messages // 2
+        # Whether an incarnation of a gateway is gone (its process died): the worker's
+        # shell tells (`workers.pipeline`); without it, no holder is ever taken for dead.
+        self.gateway_gone: Callable[[int, int], bool] = _never_gone
         # Nobody is connected yet: every subscription keeps what is published meanwhile.
         for d in self.subs.values():
             self._park(d)
@@ -573,7 +581,10 @@ class Durables:
             self.outbox.add(gateway, Refuse.of(record.conn, refusal, record.receipt))
             log.warning("%s (it belongs to %s)", refusal.message, d.owner)
             return
-        if d is not None and d.consumer is not None:
+        # One subscriber at a time; but one whose gateway died (kill -9), and has not said
+        # Hello again yet, is gone: the subscription is free (ActiveMQ, too, lets the next
+        # subscriber in once the old connection is known dead).
+        if d is not None and d.consumer is not None and not self._held_by_the_dead(gateway, d):
             self.outbox.add(
                 gateway,
                 Refuse(
@@ -640,6 +651,32 @@ class Durables:
         d.consumer = key
         self.active[key] = name
         self._replay_from(d, [0] * PRIORITIES)
+
+    def _held_by_the_dead(self, gateway: int, d: _Durable) -> bool:
+        """Whether `d`'s subscriber is on a gateway that died (asked of `gateway_gone`
+        only when another gateway wants `d`: a gateway sending is alive). Then every
+        subscriber of that gateway is dropped now, as its successor's Hello would drop
+        them, and `d` is inactive."""
+        assert d.consumer is not None
+        dead, conn, _ = d.consumer
+        incarnation = conn_incarnation(conn)
+        if dead == gateway or not self.gateway_gone(dead, incarnation):
+            return False
+        log.info(
+            "durable subscription %r: gateway %d (incarnation %d), which held it, is gone: "
+            "dropping its consumers now",
+            d.name,
+            dead,
+            incarnation,
+        )
+        # What a Hello of its successor does to the engines: the gateway's consumers are
+        # all of that incarnation (a successor's come after its Hello in the ring, and
+        # the Hello drops the holder).
+        hello = Hello(dead, incarnation + 1)
+        self.topics.handle(dead, hello)
+        self.queues.handle(dead, hello)
+        self._departed()
+        return True
 
     def _register(self, d: _Durable) -> None:
         self.subs[d.name] = d

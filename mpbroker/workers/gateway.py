@@ -304,7 +304,7 @@ class Gateway:
         self.arrivals: dict[_Arrival, None] = {}
         # Connection ids stay unique across restarts of this gateway: incarnation in the
         # high bits, so a pipeline never confuses a new connection with a dead one's.
-        self._conn_ids = itertools.count((spec.incarnation << 40) + 1)
+        self._conn_ids = itertools.count((spec.incarnation << records.CONN_INCARNATION_SHIFT) + 1)
         # No colons: STOMP 1.2 escapes them in header values, which would put every
         # MESSAGE frame on the encoder's slow path.
         prefix = f"ID-{layout.instance}-{spec.index}.{spec.incarnation}-"

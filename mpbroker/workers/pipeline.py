@@ -11,20 +11,21 @@ from __future__ import annotations
 import logging
 import os
 import time
+from collections.abc import Callable
 
 from mpbroker import records
 from mpbroker.clock import epoch_ms
 from mpbroker.pipeline import P2PPipeline, Pipeline, PubSubPipeline, open_temp_store, paging_enabled
 from mpbroker.records import Hello, Record
-from mpbroker.shm import Doorbell, Ring, RingReader, park
+from mpbroker.shm import STATE_EMPTY, ControlBlock, Doorbell, Ring, RingReader, park
 from mpbroker.stores import MessageStore, TopicStore
 
 from ._base import StopOnSignal, WorkerBase
 from ._counters import PIPELINE_DELIVERED, PIPELINE_RECEIVED
-from ._layout import WorkerSpec, durable_registry, store_directory, temp_directory
+from ._layout import Layout, WorkerSpec, durable_registry, store_directory, temp_directory
 from ._outlet import Outlet
 
-__all__ = ["run_pipeline"]
+__all__ = ["gateway_watch", "process_ended", "run_pipeline"]
 
 log = logging.getLogger("mpbroker.pipeline")
 
@@ -47,6 +48,48 @@ def open_pipeline(spec: WorkerSpec) -> Pipeline:
         config.store,
     )
     return PubSubPipeline(spec.index, spec.incarnation, layout.gateways, config, topic_store, temp)
+
+
+# The kernel's flag of a task that has begun to exit (include/linux/sched.h): it is set
+# before the task's files are closed, so before any client sees its connection drop.
+_PF_EXITING = 0x4
+
+
+def process_ended(pid: int) -> bool:
+    """Whether process `pid` has ended or is ending (SIGKILL takes a moment, and a
+    client sees its connection drop before the end: the files are closed on the way), as
+    /proc says: gone, a zombie (not reaped yet by the fork server, which `kill(pid, 0)`
+    would still find) or exiting. What cannot be read otherwise is taken as running."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat:
+            text = stat.read()
+    except FileNotFoundError:
+        return True
+    except OSError:
+        return False
+    # pid (comm) state ppid pgrp session tty_nr tpgid flags ...: comm may hold anything.
+    fields = text[text.rfind(b")") + 2 :].split()
+    try:
+        state, flags = fields[0], int(fields[6])
+    except (IndexError, ValueError):
+        return False
+    return state in (b"Z", b"X") or bool(flags & _PF_EXITING)
+
+
+def gateway_watch(control: ControlBlock, layout: Layout) -> Callable[[int, int], bool]:
+    """Whether `incarnation` of gateway `gateway` is gone, from its slot in the control
+    block: the supervisor cleared the slot for a successor, a successor wrote its own
+    incarnation, or the process of the slot has ended or is ending (`process_ended`: the
+    supervisor may not have seen it yet, and a durable subscriber whose gateway was killed
+    may come back through another gateway at once)."""
+
+    def gone(gateway: int, incarnation: int) -> bool:
+        slot = control.slot(layout.gateway_slot(gateway))
+        if slot.state == STATE_EMPTY or slot.incarnation != incarnation:
+            return True
+        return process_ended(slot.pid)
+
+    return gone
 
 
 class PipelineWorker:
@@ -84,6 +127,8 @@ class PipelineWorker:
             self.park_readers.append(self.replay_reader)
             self.replay_outlet = Outlet(requests.writer(self.replay_bell))
         self.pipeline = open_pipeline(spec)
+        if isinstance(self.pipeline, PubSubPipeline):
+            self.pipeline.durables.gateway_gone = gateway_watch(self.base.control, layout)
 
     def step(self) -> bool:
         """Handle one batch from every ring; True if there was anything to do."""

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
+import time
 from collections.abc import Callable
 
 import pytest
 
-from mpbroker.harness import BrokerProcess, RawClient
+from mpbroker.harness import BrokerClosed, BrokerProcess, RawClient
+from mpbroker.stomp import Frame
+from tests.e2e.test_faults import gateway_of
 
 RawFactory = Callable[[BrokerProcess], RawClient]
 
@@ -265,3 +269,60 @@ def test_non_persistent_messages_kept_for_a_subscriber_that_is_away_do_not_survi
     subscribe(back, "/topic/restart", "s", **DURABLE)
     assert take(back, 1) == [b"stored"]
     back.assert_no_frame(0.3)
+
+
+def reconnected(broker: BrokerProcess, raw: RawFactory) -> RawClient:
+    """A client connected right after a gateway was killed, trying again (as a client's
+    reconnect loop does) when its connection is reset: one made while the killed gateway
+    was going was taken into its listening socket's queue."""
+    deadline = time.monotonic() + 10
+    while True:
+        try:
+            return durable_client(broker, raw)
+        except (BrokerClosed, ConnectionError):
+            assert time.monotonic() < deadline, "no gateway took a connection"
+
+
+def test_a_subscriber_whose_gateway_is_killed_gets_its_subscription_back_at_once(
+    start_broker: type[BrokerProcess], raw: RawFactory
+) -> None:
+    """Issue 30: after a kill -9 of its gateway, a durable subscriber that reconnected at
+    once (through the other gateway) was refused `already active` for about a second, until
+    the killed gateway's successor said Hello. The pubsub worker now sees that the holder's
+    gateway is gone and lets the subscriber in, with its backlog."""
+    broker = start_broker("--gateways", "2")
+    subscriber = durable_client(broker, raw)
+    subscribe(subscriber, "/topic/killed", "s", **DURABLE)
+    producer = raw(broker)
+    producer.connect()
+    bodies = [b"m%d" % n for n in range(5)]
+    publish(producer, "/topic/killed", bodies)
+    # In its window, not acknowledged, when its gateway dies.
+    assert [subscriber.recv(timeout=15).body for _ in bodies] == bodies
+    title = gateway_of(broker, subscriber)
+    victim = broker.workers()[title]
+    victim.kill()
+    # It sees its connection drop, and comes back at once: through the other gateway (the
+    # killed one's successor is not listening yet).
+    with pytest.raises((BrokerClosed, ConnectionError)):
+        subscriber.recv(timeout=10)
+    back = reconnected(broker, raw)
+    back.send("SUBSCRIBE", {"destination": "/topic/killed", "id": "s", "receipt": "r", **DURABLE})
+    frames: list[Frame] = []
+    with contextlib.suppress(BrokerClosed):  # (after an ERROR: said below)
+        while len(frames) <= len(bodies):
+            frames.append(back.recv(timeout=15))
+    assert [f.command for f in frames] == ["RECEIPT"] + ["MESSAGE"] * len(bodies), [
+        (f.command, f.headers.get("message")) for f in frames
+    ]
+    assert [f.body for f in frames[1:]] == bodies
+    assert all(f.headers["redelivered"] == "true" for f in frames[1:])
+    for frame in frames[1:]:
+        back.send("ACK", {"id": frame.headers["ack"]})
+    producer = reconnected(broker, raw)  # (it may have been on the killed gateway too)
+    publish(producer, "/topic/killed", [b"after"])
+    assert take(back, 1) == [b"after"]
+    # Its gateway's successor, when it says Hello, takes nothing from it.
+    broker.wait_for_worker(title, not_pid=victim.pid)
+    publish(producer, "/topic/killed", [b"later"])
+    assert take(back, 1) == [b"later"]

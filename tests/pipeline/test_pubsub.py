@@ -16,10 +16,12 @@ from mpbroker.flow import STORE_LIVE
 from mpbroker.pipeline import PubSubPipeline
 from mpbroker.records import (
     ACK_CLIENT,
+    CONN_INCARNATION_SHIFT,
     Ack,
     ConnClosed,
     Deliver,
     FlowState,
+    Hello,
     Receipt,
     Record,
     Refuse,
@@ -263,3 +265,78 @@ def test_a_durable_subscription_made_before_users_is_claimed_by_the_first(
         turn(pipeline, msgspec.structs.replace(durable(conn=4), user="carol")), Refuse
     )
     assert "user carol may not use durable subscription 'app/d'" in refuse.message
+
+
+# -- a gateway killed while its connection held a durable subscription -------------------
+
+
+def test_a_durable_subscription_held_on_a_dead_gateway_is_taken_over_at_once(
+    tmp_path: Path,
+) -> None:
+    """After a kill -9 of a gateway, its successor's Hello takes a second or so to come;
+    the subscriber reconnecting through another gateway meanwhile gets its subscription
+    (and its backlog), not `already active`."""
+    settings = config()
+    store = TopicStore(tmp_path / "pubsub-1", tmp_path / "registry.db", settings.store)
+    pipeline = PubSubPipeline(PIPELINE, 0, 2, settings, store, None)
+    pipeline.recover()
+    dead: set[tuple[int, int]] = set()
+    asked: list[tuple[int, int]] = []
+
+    def gone(gateway: int, incarnation: int) -> bool:
+        asked.append((gateway, incarnation))
+        return (gateway, incarnation) in dead
+
+    pipeline.durables.gateway_gone = gone
+
+    def turn_on(gateway: int, *records: Record) -> dict[int, list[Record]]:
+        for record in records:
+            pipeline.receive(gateway, record)
+        pipeline.step(memwatch_level=0)
+        return pipeline.take_output()
+
+    def replay_all() -> None:
+        [*_, request] = pipeline.take_replay_records()
+        assert isinstance(request, ReplayRequest)
+        stored = pipeline.durables.store.messages.live()
+        upto = [max([m.seq for m in stored], default=0)] * 10
+        batch = [m.message for m in stored]
+        pipeline.replayed(ReplayBatch("app/d", request.request_id, batch, [], upto, more=False))
+
+    holder = (3 << CONN_INCARNATION_SHIFT) + 1  # a connection of gateway 0's incarnation 3
+    turn_on(0, durable(conn=holder), Subscribe(holder, 2, "s", TOPIC, ACK_CLIENT, 10))
+    replay_all()
+    out = turn_on(1, publish(1), publish(2))
+    assert [d.message.message_id for d in out[0] if isinstance(d, Deliver)] == ["m1", "m2"] * 2
+    # The holder's gateway runs: another gateway's subscriber is refused, as ever.
+    out = turn_on(1, durable(conn=5))
+    [refused] = [r for r in out[1] if isinstance(r, Refuse)]
+    assert refused.message == "durable subscription 'app/d' is already active"
+    assert asked == [(0, 3)]
+    # Gateway 0 is killed: the subscriber comes back through gateway 1 at once.
+    dead.add((0, 3))
+    out = turn_on(1, Subscribe(6, 1, "d", TOPIC, ACK_CLIENT, 100, durable="app/d", receipt="r"))
+    assert of_type({0: out[1]}, Refuse) == []
+    assert of_type({0: out[1]}, Receipt) == [Receipt(6, "r")]
+    replay_all()
+    out = turn_on(1)
+    delivered = [d for d in out[1] if isinstance(d, Deliver)]
+    assert [d.message.message_id for d in delivered] == ["m1", "m2"]
+    assert all(d.message.redelivered for d in delivered)
+    # Every consumer of the dead gateway went with it (its plain subscriber too).
+    assert {key[0] for key in pipeline.topics.consumers} == set()
+    assert {key[0] for key in pipeline.queue_engine.consumers} == {1}
+    # Its successor's Hello, when it comes, takes nothing from the new subscriber.
+    turn_on(0, Hello(0, 4))
+    out = turn_on(1, publish(3))
+    assert [d.message.message_id for d in out[1] if isinstance(d, Deliver)] == ["m3"]
+    [row] = pipeline.durables.stats()
+    assert (row.state, row.unacknowledged) == ("live", 3)
+    # A subscriber of the same gateway is never asked about: that gateway is alive.
+    asked.clear()
+    out = turn_on(1, durable(conn=7))
+    assert [r.message for r in out[1] if isinstance(r, Refuse)] == [
+        "durable subscription 'app/d' is already active"
+    ]
+    assert asked == []
+    pipeline.close()
