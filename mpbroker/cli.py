@@ -317,18 +317,24 @@ def cmd_config_wizard(args: argparse.Namespace) -> int:
 def cmd_config_estimate(args: argparse.Namespace) -> int:
     """Estimate the memory a load needs, against memory.max_memory.
 
-    How much memory N connections, S sessions (subscriptions) and M waiting messages of B
-    bytes need: Qpid's formula with our measured costs. The broker's processes are counted
-    as serve would start them with the same --config, --data-dir and --gateways.
+    How much memory N connections, S sessions (subscriptions), M waiting messages of B
+    bytes and D destinations need: Qpid's formula with our measured costs. The broker's
+    processes are counted as serve would start them with the same --config, --data-dir and
+    --gateways.
 
-    Example: mpbroker config estimate --connections 100 --sessions 200 --messages 100000 --message-bytes 1KiB
+    Example: mpbroker config estimate --connections 100 --sessions 200 --messages 100000 --message-bytes 1KiB --destinations 500
     """
     from mpbroker.memory import estimate
 
     config = _fit_workers(_apply_overrides(load_config(args.config), args))[0].config
     try:
         result = estimate(
-            config, args.connections, args.sessions, args.messages, args.message_bytes
+            config,
+            args.connections,
+            args.sessions,
+            args.messages,
+            args.message_bytes,
+            args.destinations,
         )
     except ValueError as exc:
         print(f"mpbroker: config estimate: {exc}", file=sys.stderr)
@@ -851,6 +857,13 @@ def build_parser() -> argparse.ArgumentParser:
         default=0,
         metavar="B",
         help="body bytes of each message (e.g. 1KiB)",
+    )
+    estimate.add_argument(
+        "--destinations",
+        type=int,
+        default=0,
+        metavar="D",
+        help="destinations (queues, topics with subscribers, durable subscriptions)",
     )
 
     admin_commands = group(

@@ -13,6 +13,7 @@ from __future__ import annotations
 __all__ = [
     "AuthenticationFailed",
     "ConnectionRefused",
+    "DestinationLimitReached",
     "Displaced",
     "LimitReached",
     "MessageTooLarge",
@@ -50,6 +51,33 @@ class LimitReached(Refusal):
         self.value = value
         shown = limit if value is None else f"{limit} {value}"
         super().__init__(f"ResourceAllocation: {where} {shown} reached", detail)
+
+
+class DestinationLimitReached(LimitReached):
+    """A SEND or SUBSCRIBE that would make one destination more than the broker may hold
+    (`broker.max_destinations`, over every pipeline): ``ResourceAllocation: <destination>
+    broker.max_destinations <limit> reached``. `frame` is what was refused (SEND:
+    nothing was sent; SUBSCRIBE: nothing was subscribed). The destinations that exist keep
+    working."""
+
+    def __init__(self, destination: str, limit: int, frame: str = "SEND") -> None:
+        self.destination = destination
+        self.frame = frame
+        undone = (
+            "Nothing was subscribed" if frame == "SUBSCRIBE" else "The message was not accepted"
+        )
+        super().__init__(
+            destination,
+            "broker.max_destinations",
+            limit,
+            f"{undone}: the broker holds {limit} destinations (queues, topics with "
+            f"subscribers, durable subscriptions), as many as broker.max_destinations lets "
+            f"it, and {destination} would be one more. The destinations in use work as "
+            "before. Use one of them, wait until some are idle (an empty queue without "
+            "consumers and a topic without subscribers are forgotten), or raise "
+            "broker.max_destinations (by default it is derived from memory.max_memory: "
+            "mpbroker config show).",
+        )
 
 
 class NeverFits(Refusal):

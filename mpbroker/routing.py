@@ -105,7 +105,9 @@ def parse_destination(destination: str) -> tuple[DestinationKind, str]:
     return kind, name
 
 
-@functools.lru_cache(maxsize=65536)
+# Remembered for the destinations in use (each session remembers its own too): a bound of
+# names, not of destinations, since a client may name ever new ones (each ~250 B here).
+@functools.lru_cache(maxsize=4096)
 def _owner(p2p: int, pubsub: int, dead_letter_prefix: str, destination: str) -> int:
     kind, name = parse_destination(destination)
     if kind == "queue" and dead_letter_prefix:

@@ -159,6 +159,7 @@ def trials(tmp_path: Path) -> dict[str, tuple[list[str], list[str]]]:
         "--sessions": ([], ["--sessions", "10"]),
         "--messages": ([], ["--messages", "10"]),
         "--message-bytes": (["--messages", "10"], ["--message-bytes", "1KiB"]),
+        "--destinations": ([], ["--destinations", "10"]),
     }
 
 
@@ -193,4 +194,5 @@ def test_estimate_takes_only_the_options_that_count_the_processes() -> None:
         "--sessions",
         "--messages",
         "--message-bytes",
+        "--destinations",
     ]

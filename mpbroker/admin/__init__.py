@@ -14,6 +14,7 @@ from ._collect import queue_worker_stats, topic_worker_stats
 from ._pacing import stats_period_ms
 from ._snapshots import (
     ConsumerRow,
+    DestinationsStatus,
     DurableRow,
     FlowView,
     GatewayStats,
@@ -42,6 +43,7 @@ from ._snapshots import (
 
 __all__ = [
     "ConsumerRow",
+    "DestinationsStatus",
     "DurableRow",
     "FlowView",
     "GatewayStats",

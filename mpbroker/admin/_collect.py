@@ -37,14 +37,31 @@ def _tracked(trackers: list[tuple[str, FlowTracker]]) -> _Tracked:
     return [(store, tracker, tracker.stopped()) for store, tracker in trackers]
 
 
-def _store_figures(name: str, tracked: _Tracked) -> dict[str, StoreFigures]:
-    """Per store: what `name` holds there, its watermarks and its stop."""
-    stores: dict[str, StoreFigures] = {}
-    for store, tracker, stopped in tracked:
-        messages, nbytes = tracker.counts(name)
-        limits: StoreLimits = (
-            tracker.destination_limits(name) if tracker.destination_limits else tracker.limits
+# One snapshot's store figures, by their values: most destinations hold the same (nothing
+# in one store, a message or two in the other, the same watermarks), and a snapshot is
+# built for every destination every admin.stats_interval_ms, so identical figures are one
+# object (frozen: nothing changes them). What a snapshot allocates per destination stays
+# in the worker's memory as arenas it cannot give back.
+_Figures = dict[tuple[tuple[str, int, int, StoreLimits, str], ...], dict[str, StoreFigures]]
+
+
+def _store_figures(name: str, tracked: _Tracked, shared: _Figures) -> dict[str, StoreFigures]:
+    """Per store: what `name` holds there, its watermarks and its stop (`shared`: the
+    figures this snapshot made so far)."""
+    key = tuple(
+        (
+            store,
+            *tracker.counts(name),
+            tracker.destination_limits(name) if tracker.destination_limits else tracker.limits,
+            stopped.get(name, ""),
         )
+        for store, tracker, stopped in tracked
+    )
+    stores = shared.get(key)
+    if stores is not None:
+        return stores
+    stores = {}
+    for store, messages, nbytes, limits, stop in key:
         stores[store] = StoreFigures(
             messages=messages,
             bytes=nbytes,
@@ -52,8 +69,9 @@ def _store_figures(name: str, tracked: _Tracked) -> dict[str, StoreFigures]:
             msg_low=limits.messages.low,
             byte_high=limits.bytes.high,
             byte_low=limits.bytes.low,
-            stopped=stopped.get(name, ""),
+            stopped=stop,
         )
+    shared[key] = stores
     return stores
 
 
@@ -120,6 +138,7 @@ def queue_worker_stats(
     trackers: list[tuple[str, FlowTracker]],
     temp_store: TempStoreStats | None,
     quota_stops: dict[str, str] | None = None,
+    destinations_refused: int = 0,
 ) -> QueueWorkerStats:
     """Every queue: waiting and unacknowledged messages, and per store its counts,
     watermarks and stop; the stores' global counts and stops; every consumer.
@@ -127,7 +146,10 @@ def queue_worker_stats(
     tracked = _tracked(trackers)
     quota_stops = quota_stops or {}
     rows = []
-    for name, queue in sorted(engine.queues.items()):
+    shared: _Figures = {}
+    queues = engine.queues
+    for name in sorted(queues):
+        queue = queues[name]
         enqueued, dequeued, expired, dead_lettered, stops = _totals(name, engine, tracked)
         rows.append(
             QueueRow(
@@ -135,7 +157,7 @@ def queue_worker_stats(
                 waiting=len(queue.pending),
                 unacknowledged=queue.held_messages - len(queue.pending),
                 consumers=len(queue.consumers),
-                stores=_store_figures(name, tracked),
+                stores=_store_figures(name, tracked, shared),
                 quota_stopped=quota_stops.get(name, ""),
                 enqueued=enqueued,
                 dequeued=dequeued,
@@ -157,6 +179,7 @@ def queue_worker_stats(
         consumers=_consumers(engine),
         consumers_not_shown=0,
         temp_store=temp_store,
+        destinations_refused=destinations_refused,
     )
 
 
@@ -169,6 +192,7 @@ def topic_worker_stats(
     trackers: list[tuple[str, FlowTracker]],
     durable: list[DurableRow],
     temp_store: TempStoreStats | None,
+    destinations_refused: int = 0,
 ) -> TopicWorkerStats:
     """Every topic with subscribers or stored messages: subscribers, the slowest one's
     backlog, the live watermark and stop, and what its durable backlog holds in the topic
@@ -195,6 +219,7 @@ def topic_worker_stats(
         )
     names.update(durable_sums)
     rows = []
+    shared: _Figures = {}
     for name in sorted(names):
         subscribers = engine.topics.get(name, [])
         mark = engine.live_mark_for(name)
@@ -212,7 +237,7 @@ def topic_worker_stats(
                 live_msg_high=mark.high,
                 live_msg_low=mark.low,
                 stopped=stops.get(name, ""),
-                stores=_store_figures(name, tracked),
+                stores=_store_figures(name, tracked, shared),
                 unacknowledged=sum(len(c.unacked) for c in subscribers) + durable_unacked,
                 enqueued=enqueued,
                 dequeued=dequeued + durable_dequeued,
@@ -247,4 +272,5 @@ def topic_worker_stats(
         consumers_not_shown=0,
         durable_subscriptions=durable,
         temp_store=temp_store,
+        destinations_refused=destinations_refused,
     )

@@ -21,6 +21,7 @@ import msgspec
 
 __all__ = [
     "ConsumerRow",
+    "DestinationsStatus",
     "DurableRow",
     "FlowView",
     "GatewayStats",
@@ -355,6 +356,7 @@ class _PipelineStats(_Snapshot, frozen=True):
     temp_store: TempStoreStats | None = None
     publish_ms: float | None = None
     error: str | None = None
+    destinations_refused: int = 0
 
 
 class QueueWorkerStats(_PipelineStats, frozen=True, kw_only=True, tag_field="role", tag="p2p"):
@@ -371,6 +373,9 @@ class QueueWorkerStats(_PipelineStats, frozen=True, kw_only=True, tag_field="rol
         temp_store: its temp store, when paging is configured.
         publish_ms: how long its previous snapshot took to build and publish.
         error: set when the snapshot could not be published whole (its lists are empty).
+        destinations_refused: SENDs and SUBSCRIBEs refused since it started because they
+            would have made a queue past broker.max_destinations (or while MemWatch was past
+            memory.refuse_destinations_percent); left out while 0.
     """
 
     destinations: list[QueueRow]
@@ -392,6 +397,9 @@ class TopicWorkerStats(_PipelineStats, frozen=True, kw_only=True, tag_field="rol
         temp_store: its temp store, when paging is configured.
         publish_ms: how long its previous snapshot took to build and publish.
         error: set when the snapshot could not be published whole (its lists are empty).
+        destinations_refused: SUBSCRIBEs refused since it started because they would have
+            made a topic or durable subscription past broker.max_destinations (or while
+            MemWatch was past memory.refuse_destinations_percent); left out while 0.
     """
 
     destinations: list[TopicRow]
@@ -497,6 +505,26 @@ class MemoryStatus(_Snapshot, frozen=True):
     levels: list[MemoryLevel]
 
 
+class DestinationsStatus(_Snapshot, frozen=True):
+    """The destinations of every pipeline against `broker.max_destinations`.
+
+    Attributes:
+        count: queues, topics with subscribers and durable subscriptions held now, over
+            every pipeline (each pipeline's count in its control-block slot).
+        max_destinations: the limit: the setting, or derived from the memory budget.
+        per_destination_bytes: what the memory budget counts for each (measured).
+        budget_bytes: max_destinations x per_destination_bytes: their line in the budget.
+        refused: SENDs and SUBSCRIBEs refused for the limit (or MemWatch), as the
+            pipelines last published.
+    """
+
+    count: int
+    max_destinations: int
+    per_destination_bytes: int
+    budget_bytes: int
+    refused: int = 0
+
+
 class StatusView(_Snapshot, frozen=True):
     """`GET /status`: every worker and what it published, and the broker's memory.
 
@@ -508,11 +536,14 @@ class StatusView(_Snapshot, frozen=True):
         at_ms: when the page was made (epoch ms).
         workers: every worker, gateways first.
         memory: MemWatch's last reading (None where the page is made without it).
+        destinations: the destinations against broker.max_destinations (None where the
+            page is made without them).
     """
 
     at_ms: int
     workers: list[WorkerStatus]
     memory: MemoryStatus | None = None
+    destinations: DestinationsStatus | None = None
 
 
 class FlowView(_Snapshot, frozen=True):

@@ -149,6 +149,7 @@ def exposition(
     info.add_metric([], {"version": version})
     out.families["mpbroker_build"] = info
     _memory(out, status)
+    _destination_count(out, status)
     held: dict[str, int] = {}
     rows: list[QueueRow | TopicRow] = []
     durable: list[DurableRow] = []
@@ -220,6 +221,26 @@ def _memory(out: _Families, status: StatusView) -> None:
     )
     for level in memory.levels:
         thresholds.add_metric([str(level.level)], level.percent / 100)
+
+
+def _destination_count(out: _Families, status: StatusView) -> None:
+    destinations = status.destinations
+    if destinations is None:
+        return
+    out.gauge(
+        "mpbroker_destinations",
+        "queues, topics with subscribers and durable subscriptions held now, over every pipeline",
+        [],
+    ).add_metric([], destinations.count)
+    out.gauge("mpbroker_destinations_max", "broker.max_destinations", []).add_metric(
+        [], destinations.max_destinations
+    )
+    out.counter(
+        "mpbroker_destinations_refused",
+        "SENDs and SUBSCRIBEs refused because they would have made a destination past "
+        "broker.max_destinations (or past memory.refuse_destinations_percent)",
+        [],
+    ).add_metric([], destinations.refused)
 
 
 def _gateway(out: _Families, title: str, stats: GatewayStats) -> None:

@@ -68,14 +68,21 @@ def render_status(view: StatusView) -> str:
     temp = _temp_stores(view)
     if temp:
         workers += "\n\n" + temp
+    head = []
     memory = view.memory
-    if memory is None:
-        return workers
-    used, limit = memory.used_bytes / 2**20, memory.max_memory / 2**20
-    return (
-        f"memory: level {memory.level}, {used:.0f} MiB of max_memory {limit:.0f} MiB "
-        f"({memory.percent} %)\n\n{workers}"
-    )
+    if memory is not None:
+        used, limit = memory.used_bytes / 2**20, memory.max_memory / 2**20
+        head.append(
+            f"memory: level {memory.level}, {used:.0f} MiB of max_memory {limit:.0f} MiB "
+            f"({memory.percent} %)"
+        )
+    d = view.destinations
+    if d is not None:
+        head.append(
+            f"destinations: {d.count} of max_destinations {d.max_destinations} "
+            f"({d.per_destination_bytes} B each in the budget), {d.refused} refused"
+        )
+    return "\n".join(head) + "\n\n" + workers if head else workers
 
 
 def _temp_stores(view: StatusView) -> str:

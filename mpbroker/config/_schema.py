@@ -115,6 +115,16 @@ class BrokerSettings:
         "max_connections); past it the oldest of them is closed to make room",
         min=1,
     )
+    # Every destination costs memory while it exists (its state, index, flow and stats
+    # rows: memory.PER_DESTINATION_BYTES), so their number is bounded like the rest of the
+    # memory budget; a SEND or SUBSCRIBE that would make one more gets an ERROR.
+    max_destinations: int = _setting(
+        0,
+        "queues, topics with subscribers and durable subscriptions held at once, over all "
+        "pipelines; one more is refused (0 = derived from memory.max_memory: half of what "
+        "the memory budget leaves)",
+        min=0,
+    )
     shutdown_timeout_ms: int = _setting(
         10000, "how long SIGTERM waits for workers before killing them", min=0
     )
@@ -617,6 +627,15 @@ class MemorySettings:
         "from this MemWatch level on, producers are slowed down (rate-based flow) and "
         "non-persistent message bodies are paged to the temp store (0 = never)",
         min=0,
+    )
+    # MemWatch's backstop for broker.max_destinations, whose default is arithmetic on
+    # measured costs: past this reading no destination is made, whatever their count.
+    refuse_destinations_percent: float = _setting(
+        95.0,
+        "from this share of max_memory (MemWatch's reading) on, a SEND or SUBSCRIBE that "
+        "would make a new destination is refused (0 = never)",
+        min=0,
+        max=100,
     )
 
 

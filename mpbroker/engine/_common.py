@@ -7,6 +7,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import ClassVar, Final
 
+from mpbroker.flow import DestinationLimit
 from mpbroker.records import (
     ACK_AUTO,
     ACK_CLIENT,
@@ -126,7 +127,7 @@ class _Joins:
         self.last_to: dict[int, int] = {}
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class Consumer:
     """One subscription as a pipeline sees it.
 
@@ -236,6 +237,9 @@ class Engine(ABC):
         # Connections the broker is closing for its own failure (an ERROR for an ACK its
         # store could not write): what their consumers leave comes back uncounted.
         self.closed_by_broker: set[tuple[int, int]] = set()
+        # broker.max_destinations, when this engine's destinations count against it (the
+        # pipeline's; None: they do not, as a durable subscription's own queue).
+        self.destination_limit: DestinationLimit | None = None
 
     def tick(self, now_ms: int) -> None:
         """The worker's clock, before each batch: expiry compares with it."""
@@ -283,6 +287,14 @@ class Engine(ABC):
                 selector = self.selector_of(gateway, record)
                 if record.selector and selector is None:
                     return
+                if (
+                    self.destination_limit is not None
+                    and key not in self.consumers
+                    and self.refuses_new(
+                        gateway, record.conn, record.destination, record.receipt, "SUBSCRIBE"
+                    )
+                ):
+                    return
                 # The receipt goes first: what the subscription is handed at once (a
                 # waiting backlog) follows it.
                 self._receipt(gateway, record.conn, record.receipt)
@@ -314,6 +326,25 @@ class Engine(ABC):
                 self.outbox.add(gateway, BarrierDone(record.conn, record.token, self.pipeline))
             case _:
                 raise ValueError(f"{self.role} pipeline cannot handle {type(record).__name__}")
+
+    def holds(self, destination: str) -> bool:
+        """Whether `destination` exists here (one more is counted against the limit)."""
+        return True
+
+    def refuses_new(
+        self, gateway: int, conn: int, destination: str, receipt: str, frame: str
+    ) -> bool:
+        """Whether a `frame` (SEND or SUBSCRIBE) to `destination` is refused because it
+        would make one destination more than `destination_limit` lets exist (or MemWatch
+        lets be made): then a Refuse goes to the client. One that exists is never refused."""
+        limit = self.destination_limit
+        if limit is None or self.holds(destination):
+            return False
+        refusal = limit.refusal(destination, frame)
+        if refusal is None:
+            return False
+        self.outbox.add(gateway, Refuse.of(conn, refusal, receipt))
+        return True
 
     def selector_of(self, gateway: int, record: Subscribe) -> Selector | None:
         """The subscription's compiled selector (None: none, or refused). The gateway

@@ -20,12 +20,16 @@ class Pending:
     the middle is O(n) here: a queue whose consumers have selectors switches to
     `IndexedPending` (O(1), but ~130 B more per message and slower) when its first selector
     arrives; every other queue keeps this lean form.
+
+    A level's deque is made when its first message comes (an empty deque costs 760 B, so
+    ten of them were most of an idle queue's memory: docs/flow-control-and-memory.md,
+    "What a destination costs"); most queues only ever use the default priority.
     """
 
     __slots__ = ("_count", "_levels")
 
     def __init__(self) -> None:
-        self._levels = [deque[Message]() for _ in range(HIGHEST_PRIORITY + 1)]
+        self._levels: list[deque[Message] | None] = [None] * (HIGHEST_PRIORITY + 1)
         self._count = 0
 
     def __len__(self) -> int:
@@ -37,10 +41,14 @@ class Pending:
     def __iter__(self) -> Iterator[Message]:
         """In delivery order."""
         for level in reversed(self._levels):
-            yield from level
+            if level is not None:
+                yield from level
 
     def append(self, message: Message) -> None:
-        self._levels[message.priority].append(message)
+        level = self._levels[message.priority]
+        if level is None:
+            level = self._levels[message.priority] = deque()
+        level.append(message)
         self._count += 1
 
     def popleft(self) -> Message:
@@ -53,6 +61,8 @@ class Pending:
     def remove(self, message: Message) -> bool:
         """Take `message` (this very object) out wherever it is; False when it is not here."""
         level = self._levels[message.priority]
+        if level is None:
+            return False
         for i, waiting in enumerate(level):
             if waiting is message:
                 del level[i]
@@ -63,7 +73,10 @@ class Pending:
     def extendleft(self, messages: Iterable[Message]) -> None:
         """Put `messages` (given in their original order) back at the head of their levels."""
         for message in reversed(list(messages)):
-            self._levels[message.priority].appendleft(message)
+            level = self._levels[message.priority]
+            if level is None:
+                level = self._levels[message.priority] = deque()
+            level.appendleft(message)
             self._count += 1
 
     def paging_candidates(self) -> Iterator[Message]:
@@ -72,7 +85,8 @@ class Pending:
         before the first paged one, newest first. Messages between two paged ones are not
         looked at, so a long paged backlog is not scanned again and again."""
         for level in self._levels:
-            yield from _paging_candidates(level, reversed(level))
+            if level:
+                yield from _paging_candidates(level, reversed(level))
 
     def newest(self, priority: int) -> Message | None:
         level = self._levels[priority]
@@ -82,7 +96,7 @@ class Pending:
         """Take out the messages whose ids are in `doomed` (e.g. expired); returns them."""
         removed: list[Message] = []
         for i, level in enumerate(self._levels):
-            if any(m.message_id in doomed for m in level):
+            if level and any(m.message_id in doomed for m in level):
                 keep = deque(m for m in level if m.message_id not in doomed)
                 removed.extend(m for m in level if m.message_id in doomed)
                 self._levels[i] = keep

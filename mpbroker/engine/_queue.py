@@ -103,7 +103,7 @@ class QueueEffects:
     acks: list[StoredAck] = field(default_factory=list)
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class _Lane:
     """The consumers of a queue that share one selector (None: those without one), and
     the waiting messages it selects, in delivery order; served round robin."""
@@ -114,7 +114,7 @@ class _Lane:
     next_consumer: int = 0
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class _Queue:
     """One queue: every waiting message in `pending`, in delivery order.
 
@@ -135,7 +135,8 @@ class _Queue:
     consumers: list[Consumer] = field(default_factory=list)
     plain: _Lane = field(init=False)
     lanes: dict[str, _Lane] = field(default_factory=dict)
-    index: SelectorIndex[_Lane] = field(default_factory=SelectorIndex)
+    # Made with the first selector lane (`selector_index`): most queues never have one.
+    index: SelectorIndex[_Lane] | None = None
     # id(message) -> the selector lanes holding it (only messages some lane selects).
     lanes_of: dict[int, list[_Lane]] = field(default_factory=dict)
     # Messages held: pending plus delivered-but-unsettled.
@@ -151,11 +152,17 @@ class _Queue:
         selector = consumer.selector
         return self.plain if selector is None else self.lanes[selector.text]
 
+    def selector_index(self) -> SelectorIndex[_Lane]:
+        index = self.index
+        if index is None:
+            index = self.index = SelectorIndex()
+        return index
+
     def add_waiting(self, message: Message) -> None:
         """A message starts waiting, at the tail of its priority."""
         self.pending.append(message)
         if self.lanes:
-            lanes = self.index.matching(message)
+            lanes = self.selector_index().matching(message)
             if lanes:
                 self.lanes_of[id(message)] = lanes
                 for lane in lanes:
@@ -169,7 +176,7 @@ class _Queue:
             return []
         back: dict[int, tuple[_Lane, list[Message]]] = {}
         for message in messages:
-            lanes = self.index.matching(message)
+            lanes = self.selector_index().matching(message)
             if lanes:
                 self.lanes_of[id(message)] = lanes
                 for lane in lanes:
@@ -198,14 +205,14 @@ class _Queue:
             if matches(message):
                 lane.pending.append(message)
                 self.lanes_of.setdefault(id(message), []).append(lane)
-        self.index.add(lane, selector)
+        self.selector_index().add(lane, selector)
         return lane
 
     def close_lane(self, lane: _Lane) -> None:
         """A lane's last consumer left: its messages stay in `pending`."""
         assert lane.selector is not None
         del self.lanes[lane.selector.text]
-        self.index.remove(lane)
+        self.selector_index().remove(lane)
         for message in lane.pending:
             lanes = self.lanes_of[id(message)]
             lanes.remove(lane)
@@ -302,6 +309,9 @@ class QueueEngine(Engine):
         # A stored message was admitted before the worker stored it.
         if not record.message.seq and not self.admit(gateway, record):
             return
+        limit = self.destination_limit
+        if limit is not None and limit.reserved:
+            limit.made(record.message.destination)  # (its queue is made just below)
         self.received += 1
         self.totals.add(record.message.destination, ENQUEUED)
         self._enqueue(record.message)
@@ -314,9 +324,26 @@ class QueueEngine(Engine):
         size = message.size = message_size(message)
         refusal = self._refusal(message.destination, queue, size, message.persistent)
         if refusal is None:
-            return True
+            return queue is not None or self._admit_new(gateway, record)
         self.outbox.add(gateway, Refuse.of(record.conn, refusal, record.receipt))
         return False
+
+    def _admit_new(self, gateway: int, record: Send) -> bool:
+        """A message to a queue that does not exist: within `destination_limit` (else a
+        Refuse goes to its producer). A stored one's queue is made once it is stored:
+        counted meanwhile (reserved)."""
+        limit = self.destination_limit
+        destination = record.message.destination
+        if limit is None or destination in limit.reserved:
+            return True
+        if self.refuses_new(gateway, record.conn, destination, record.receipt, "SEND"):
+            return False
+        if record.message.persistent:
+            limit.reserve(destination)
+        return True
+
+    def holds(self, destination: str) -> bool:
+        return destination in self.queues
 
     def _stored_ack(
         self, gateway: int, record: Ack | Nack, queue: str, messages: list[Message]

@@ -164,6 +164,9 @@ class TopicEngine(Engine):
     def _default_live_mark(self, topic: str) -> Watermark:
         return self.live_mark
 
+    def holds(self, destination: str) -> bool:
+        return destination in self.topics
+
     def _send(self, gateway: int, record: Send) -> None:
         message = record.message
         if not message.size:

@@ -12,6 +12,7 @@ producers and only falling to `low` starts them again.
   preemptive service of waiting senders.
 * `DiskFree`: RabbitMQ's disk_free_limit on a store's filesystem; `append_margin`,
   `append_need`, `commit_pages`: the most one append of a store may take (`SqliteFiles`).
+* `DestinationLimit`: broker.max_destinations over every pipeline: may one more be made.
 * `FlowGate`, `Stop`: a gateway's view of its pipelines' stops: which SEND must wait.
 * `store_limits`: a config section's watermarks as `StoreLimits`.
 * `expired_log_line`: the expiry policies' log format (its fields: config.parse_log_fields).
@@ -20,6 +21,7 @@ No sockets, no clocks, no stores: callers pass in amounts and the current time, 
 workers wire the results to rings and gateways.
 """
 
+from ._destinations import DestinationLimit
 from ._disk import DiskFree, SqliteFiles, append_margin, append_need, commit_pages
 from ._expiry import (
     DISCARD,
@@ -68,6 +70,7 @@ __all__ = [
     "STORE_TEMP",
     "STORE_TOPICS",
     "STORE_VOLATILE_QUEUES",
+    "DestinationLimit",
     "DiskFree",
     "ExpiryPolicy",
     "FlowChange",

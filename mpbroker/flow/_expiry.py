@@ -100,9 +100,9 @@ DISCARD: Final = ExpiryPolicy("discard")
 def expiry_policies(config: Config, owns: Callable[[str], bool]) -> Callable[[str], ExpiryPolicy]:
     """Per queue: its [destinations] table's expiry settings over [queues]'. A redirect
     target another worker owns cannot be written from here: the queue's dead-letter queue
-    (always ours) is used instead."""
+    (always ours) is used instead. Without a [destinations] table every queue has the
+    same policy, and nothing is remembered per name."""
 
-    @functools.lru_cache(maxsize=PER_DESTINATION_CACHE)
     def policy_for(queue: str) -> ExpiryPolicy:
         target = config.setting_for(queue, "expiry_destination")
         if target and not owns(target):
@@ -113,4 +113,13 @@ def expiry_policies(config: Config, owns: Callable[[str], bool]) -> Callable[[st
             target,
         )
 
-    return policy_for
+    if not config.destinations:
+        same: list[ExpiryPolicy] = []
+
+        def same_policy(queue: str) -> ExpiryPolicy:
+            if not same:
+                same.append(policy_for(queue))
+            return same[0]
+
+        return same_policy
+    return functools.lru_cache(maxsize=PER_DESTINATION_CACHE)(policy_for)

@@ -274,8 +274,16 @@ def store_limits(settings: StoreFlowSettings) -> StoreLimits:
 
 def destination_limits(config: Config, section: str) -> Callable[[str], StoreLimits]:
     """Per destination: a store's limits with its [destinations."<pattern>"] overrides
-    (remembered per name: the patterns are matched once per destination)."""
+    (remembered per name: the patterns are matched once per destination). Without a
+    [destinations] table every name has the same limits, and nothing is remembered per
+    name (a cache of names would grow with every destination ever used)."""
     base = store_limits(getattr(config, section))
+    if not config.destinations:
+
+        def same_limits(destination: str) -> StoreLimits:
+            return base
+
+        return same_limits
 
     @functools.lru_cache(maxsize=PER_DESTINATION_CACHE)
     def limits_for(destination: str) -> StoreLimits:

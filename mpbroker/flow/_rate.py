@@ -175,8 +175,6 @@ def rate_settings_for(config: Config) -> Callable[[str], RateSettings | None]:
     """Per destination: its rate-based flow settings, or None where it is off
     ([flow] defaults under its [destinations] table)."""
 
-    # Remembered per name: the patterns are matched once per destination.
-    @functools.lru_cache(maxsize=PER_DESTINATION_CACHE)
     def settings_for(destination: str) -> RateSettings | None:
         def pick(name: str) -> Any:
             return config.setting_for(destination, name)
@@ -187,7 +185,17 @@ def rate_settings_for(config: Config) -> Callable[[str], RateSettings | None]:
             pick("flow_maximum"), pick("flow_minimum"), pick("flow_interval_s"), pick("flow_steps")
         )
 
-    return settings_for
+    if not config.destinations:
+        # One answer for every name: nothing remembered per name (a cache of every
+        # destination a client ever named would grow without bound).
+        same = settings_for("")
+
+        def same_settings(destination: str) -> RateSettings | None:
+            return same
+
+        return same_settings
+    # Remembered per name: the patterns are matched once per destination.
+    return functools.lru_cache(maxsize=PER_DESTINATION_CACHE)(settings_for)
 
 
 def throttle_rate_settings(config: Config) -> RateSettings:

@@ -9,8 +9,11 @@
 """
 
 from ._budget import (
+    DESTINATION_SHARE,
     FIXED_COST_BYTES,
+    MIN_DESTINATIONS,
     PER_CONNECTION_BYTES,
+    PER_DESTINATION_BYTES,
     PER_ENTRY_BYTES,
     PER_MESSAGE_BYTES,
     PER_SUBSCRIPTION_BYTES,
@@ -21,6 +24,7 @@ from ._budget import (
     ProcessCost,
     check,
     estimate,
+    max_destinations,
     plan,
     process_costs,
     render_plan,
@@ -32,8 +36,11 @@ from ._wizard import Choice, WizardError, WizardInputs, WizardResult, derive
 from ._workers import WorkerCount, WorkerCounts, fit_workers
 
 __all__ = [
+    "DESTINATION_SHARE",
     "FIXED_COST_BYTES",
+    "MIN_DESTINATIONS",
     "PER_CONNECTION_BYTES",
+    "PER_DESTINATION_BYTES",
     "PER_ENTRY_BYTES",
     "PER_MESSAGE_BYTES",
     "PER_SUBSCRIPTION_BYTES",
@@ -56,6 +63,7 @@ __all__ = [
     "derive",
     "estimate",
     "fit_workers",
+    "max_destinations",
     "plan",
     "private_pss_bytes",
     "process_costs",

@@ -18,18 +18,26 @@ config on a 2-CPU machine (2 gateways, 1 p2p, 1 pubsub and 1 replay worker)::
     topic live buffers                 1 pubsub worker x (4 MiB + 20000 x 500 B)  =  13.54 MiB
     queue live buffer, persistent      1 p2p worker x (1 MiB + 40000 x 800 B)     =  31.52 MiB
     VolQueueStore (non-persistent)     1 p2p worker x (16 MiB + 60000 x 800 B)    =  61.78 MiB
+    destinations                       6432 destinations x 4 KiB                  =  25.12 MiB
     temp store paging step             2 pipelines x 1 MiB                        =      2 MiB
     SQLite page caches                 11 open files x 256 KiB                    =   2.75 MiB
     durable replay                     1 replay worker x 2 MiB                    =      2 MiB
     replay concurrency (thread pools)  4 replays x 256 KiB                        =    (1 MiB)
-    module budgets                                                                = 129.24 MiB
+    module budgets                                                                = 154.37 MiB
     fixed cost                         7 processes (19 MiB + 26 MiB + 2 x 6.5 MiB
                                            + 7 MiB + 7.5 MiB + 4 MiB)             =   76.5 MiB
-    theoretical maximum                                                           = 205.74 MiB
+    theoretical maximum                                                           = 230.87 MiB
 
-against `memory.max_memory` = 256 MiB: 50.26 MiB headroom (20 %) for what the config does not
+against `memory.max_memory` = 256 MiB: 25.13 MiB headroom (10 %) for what the config does not
 bound -- connections, subscriptions and their consumer windows (`config estimate`), Python's
 garbage between collections. `mpbroker config show` prints this table for any config.
+
+The destinations line is the only one not set by a byte or message count: every queue,
+topic with subscribers and durable subscription costs memory while it exists
+(`PER_DESTINATION_BYTES`, measured), so `broker.max_destinations` bounds their number, and
+by default (0) it is derived: `DESTINATION_SHARE` (half) of what the other lines and the
+fixed cost leave of `max_memory` -- 50.26 MiB here, so 6432 destinations and 25.13 MiB of
+headroom.
 
 Two thirds of the module budgets are message counts, not bytes: every waiting message keeps
 an entry in memory whether its body is in memory, paged to the temp store or only in the
@@ -66,8 +74,11 @@ from mpbroker.config import Config, ConfigError, KiB, MiB, format_bytes
 from mpbroker.security import CHECKS_AT_ONCE, HASH_MEMORY_BYTES
 
 __all__ = [
+    "DESTINATION_SHARE",
     "FIXED_COST_BYTES",
+    "MIN_DESTINATIONS",
     "PER_CONNECTION_BYTES",
+    "PER_DESTINATION_BYTES",
     "PER_ENTRY_BYTES",
     "PER_MESSAGE_BYTES",
     "PER_SUBSCRIPTION_BYTES",
@@ -78,6 +89,7 @@ __all__ = [
     "ProcessCost",
     "check",
     "estimate",
+    "max_destinations",
     "plan",
     "process_costs",
     "render_plan",
@@ -123,6 +135,29 @@ PER_MESSAGE_BYTES: Final = 800
 # place in each backlog (8 B more per further slow subscriber). Measured as above: 434 B
 # (USS 463 B); the 303 B of 2026-11-23 were a queue message paged without its headers.
 PER_ENTRY_BYTES: Final = 500
+
+# What one destination costs the broker while it exists, with the least that makes it exist:
+# a queue holding one message, or a topic with one subscriber, whichever costs more (the
+# message or subscription included, so that a producer or a subscriber alone cannot take
+# more than the line says). It is its state in the owning pipeline (the queue or the
+# topic's subscriber list, its flow tracker entry, its totals row, its deque), its row in
+# the snapshot every pipeline publishes every admin.stats_interval_ms (built, encoded, and
+# the JSON in the stats spill file in /dev/shm, which MemWatch counts whole), the admin
+# thread's reading of that row, and what the gateway remembers of its name. Measured with
+# `python -m bench.destinations --queues 10000 --topics 10000 --reference` on 2026-12-08
+# (2-CPU machine, Python 3.11, pure Python, one gateway; the PSS growth of every process
+# plus /dev/shm, per destination): a queue with one 10-byte message 3284-3635 B of PSS and
+# 350 B of spill file, 3635-3969 B in all (its p2p worker 2778-2881 B, of which the message
+# is some 700 B; 11865 B in all and 10678 B in the p2p worker before issue 30); a topic
+# with one subscriber 3534-3696 B (a subscriber of a topic that exists 2109-2528 B).
+# Rounded up.
+PER_DESTINATION_BYTES: Final = 4 * KiB
+# The share of what max_memory leaves above the fixed cost and the other modules that the
+# derived broker.max_destinations takes (the rest stays headroom: connections,
+# subscriptions, consumer windows, garbage between collections).
+DESTINATION_SHARE: Final = 0.5
+# The derived broker.max_destinations is never lower than this.
+MIN_DESTINATIONS: Final = 100
 
 # The header page in front of every ring's data area (mpbroker/shm/_ring.py HEADER_BYTES): a
 # format constant, not a buffer.
@@ -251,6 +286,54 @@ def config_process_costs(config: Config) -> tuple[ProcessCost, ...]:
 
 def plan(config: Config) -> MemoryPlan:
     """The budget of every module for `config`; see the module docstring."""
+    budgets = _module_budgets(config)
+    # After the queue live buffers: the destinations, whose default number is derived
+    # from what every other module leaves of max_memory.
+    at = next(i for i, b in enumerate(budgets) if b.module == "VolQueueStore (non-persistent)")
+    budgets.insert(at + 1, _destinations(config, budgets))
+    return MemoryPlan(tuple(budgets), config_process_costs(config), config.memory.max_memory)
+
+
+def max_destinations(config: Config) -> int:
+    """`broker.max_destinations` as it applies: the setting, or (0) derived from the
+    budget: `DESTINATION_SHARE` of what `max_memory` leaves above the fixed cost and every
+    other module's budget, in destinations of `PER_DESTINATION_BYTES` (at least
+    `MIN_DESTINATIONS`)."""
+    return config.broker.max_destinations or _derived_destinations(config, _module_budgets(config))
+
+
+def _derived_destinations(config: Config, budgets: list[Budget]) -> int:
+    used = sum(p.total for p in config_process_costs(config))
+    used += sum(b.total for b in budgets if b.counted and b.bounded)
+    room = config.memory.max_memory - used
+    return max(MIN_DESTINATIONS, int(room * DESTINATION_SHARE) // PER_DESTINATION_BYTES)
+
+
+def _destinations(config: Config, budgets: list[Budget]) -> Budget:
+    limit = config.broker.max_destinations
+    if limit:
+        why = "set"
+    else:
+        limit = _derived_destinations(config, budgets)
+        why = (
+            f"0: derived, {DESTINATION_SHARE:.0%} of what max_memory leaves above the fixed "
+            f"cost and the other modules, at least {MIN_DESTINATIONS}"
+        )
+    return Budget(
+        "destinations",
+        ("broker.max_destinations",),
+        PER_DESTINATION_BYTES,
+        limit,
+        "destination",
+        f"queues, topics with subscribers and durable subscriptions held at once, over all "
+        f"pipelines ({why}); each costs {format_bytes(PER_DESTINATION_BYTES)} with one "
+        "message or subscriber (measured: its state in its pipeline, its flow and totals "
+        "rows, its row in the published snapshot); one more is refused with an ERROR",
+    )
+
+
+def _module_budgets(config: Config) -> list[Budget]:
+    """Every line but the destinations'."""
     broker = config.broker
     gateways = broker.gateway_count()
     p2p, pubsub = broker.p2p_count(), broker.pubsub_count()
@@ -344,7 +427,7 @@ def plan(config: Config) -> MemoryPlan:
             )
         )
     budgets += _replay(config, replayers, largest)
-    return MemoryPlan(tuple(budgets), config_process_costs(config), config.memory.max_memory)
+    return budgets
 
 
 def _entries(high: int, setting: str, each: int, what: str, where: str) -> tuple[int, str, str]:
@@ -647,6 +730,9 @@ class Estimate:
     queue_budget: int
     # The most one subscription's consumer window holds of such messages.
     window_bytes: int
+    # The destinations asked about, and how many the config lets exist.
+    destinations: int = 0
+    max_destinations: int = 0
 
     @property
     def total(self) -> int:
@@ -679,19 +765,33 @@ class Estimate:
             "delivered and not yet acknowledged (prefetch x message size, at most "
             "flow.consumer_window_bytes); those messages are among the M above"
         )
+        fits = "fit within" if self.destinations <= self.max_destinations else "exceed"
+        out.append(
+            f"destinations: {self.destinations} {fits} broker.max_destinations "
+            f"{self.max_destinations} (the budget's line: {self.max_destinations} x "
+            f"{format_bytes(PER_DESTINATION_BYTES)}); more are refused with an ERROR"
+        )
         return out
 
 
 def estimate(
-    config: Config, connections: int, sessions: int, messages: int, message_bytes: int
+    config: Config,
+    connections: int,
+    sessions: int,
+    messages: int,
+    message_bytes: int,
+    destinations: int = 0,
 ) -> Estimate:
-    """How much memory `connections` connections, `sessions` subscriptions (sessions) and
-    `messages` waiting messages of `message_bytes` bytes need, by the measured unit costs."""
+    """How much memory `connections` connections, `sessions` subscriptions (sessions),
+    `messages` waiting messages of `message_bytes` bytes and `destinations` destinations
+    (queues, topics with subscribers, durable subscriptions) need, by the measured unit
+    costs."""
     for name, value in (
         ("connections", connections),
         ("sessions", sessions),
         ("messages", messages),
         ("message_bytes", message_bytes),
+        ("destinations", destinations),
     ):
         if value < 0:
             raise ValueError(f"{name} = {value}: must be >= 0")
@@ -711,6 +811,10 @@ def estimate(
             f"{messages} messages x ({PER_MESSAGE_BYTES} B + {format_bytes(message_bytes)})",
             messages * (PER_MESSAGE_BYTES + message_bytes),
         ),
+        (
+            f"{destinations} destinations x {format_bytes(PER_DESTINATION_BYTES)}",
+            destinations * PER_DESTINATION_BYTES,
+        ),
     ]
     vol = config.vol_queue_store.global_byte_high
     queue_budget = (vol if vol != -1 else config.queues.max_bytes) * config.broker.p2p_count()
@@ -719,5 +823,12 @@ def estimate(
     if config.flow.consumer_window_bytes != -1:
         window = min(window, config.flow.consumer_window_bytes)
     return Estimate(
-        tuple(terms), config.memory.max_memory, messages, message_bytes, queue_budget, window
+        tuple(terms),
+        config.memory.max_memory,
+        messages,
+        message_bytes,
+        queue_budget,
+        window,
+        destinations,
+        max_destinations(config),
     )

@@ -25,6 +25,9 @@ The rules (the seed's, on our modules; see mpbroker/memory/_budget.py for what e
   than a quarter of it pass in fragments. What a smaller ring costs is throughput with
   large messages only (measured against 2 MiB rings with 100 KB messages: 1 MiB keeps
   95-105 %, 512 KiB 76-92 %, 256 KiB 33-49 %; with 1 KB messages every size keeps it all).
+- Destinations (`broker.max_destinations`): twice the queues and topics expected (room for
+  their dead-letter queues, durable subscriptions and some growth), at least the budget's
+  minimum; each costs `budget.PER_DESTINATION_BYTES`, a fixed-size module.
 - Thread pools (replays at once) are inversely proportional to the largest topic message:
   `replay.global_bytes` over two batches of it (the seed's 4 for small messages).
 - The index cache grows with the rate: 20 seconds of messages, at least the seed's 1000.
@@ -51,7 +54,9 @@ from typing import Any, Final
 from mpbroker.config import Config, KiB, MiB, config_from_mapping, format_bytes, iter_settings
 
 from ._budget import (
+    MIN_DESTINATIONS,
     PER_CONNECTION_BYTES,
+    PER_DESTINATION_BYTES,
     PER_ENTRY_BYTES,
     PER_MESSAGE_BYTES,
     PER_SUBSCRIPTION_BYTES,
@@ -84,6 +89,10 @@ RING_THROUGHPUT: Final = {1 * MiB: "95-105 %", 512 * KiB: "76-92 %", 256 * KiB: 
 BACKLOG_SECONDS: Final = 600
 # ...at least this many (the seed's index cache), at most the defaults.
 MIN_BACKLOG: Final = 1000
+# broker.max_destinations: this many times the queues and topics expected (their
+# dead-letter queues, durable subscriptions, room to grow), at least the budget's
+# MIN_DESTINATIONS.
+DESTINATIONS_FACTOR: Final = 2
 _DEFAULTS: Final = Config()
 
 
@@ -348,6 +357,7 @@ def _derive(inputs: WizardInputs, layout: _Layout, base: list[Choice]) -> Wizard
             f"the client connections expected; each costs about "
             f"{format_bytes(PER_CONNECTION_BYTES)} (measured), more are refused",
         ),
+        _destinations(inputs),
         *base,
         Choice(
             "memory.socket_reader_threshold_bytes",
@@ -410,6 +420,17 @@ def _derive(inputs: WizardInputs, layout: _Layout, base: list[Choice]) -> Wizard
     order = {key: i for i, (key, _, _) in enumerate(iter_settings(config))}
     choices.sort(key=lambda c: order[c.key])
     return WizardResult(inputs, tuple(choices), config, memory)
+
+
+def _destinations(inputs: WizardInputs) -> Choice:
+    expected = inputs.queues + inputs.topics
+    return Choice(
+        "broker.max_destinations",
+        max(MIN_DESTINATIONS, DESTINATIONS_FACTOR * expected),
+        f"{DESTINATIONS_FACTOR} x the queues and topics expected ({expected}: room for their "
+        f"dead-letter queues and durable subscriptions), at least {MIN_DESTINATIONS}; each "
+        f"costs about {format_bytes(PER_DESTINATION_BYTES)} (measured), more are refused",
+    )
 
 
 def _thread_pools(inputs: WizardInputs) -> Choice:

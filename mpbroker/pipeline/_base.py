@@ -29,7 +29,8 @@ from typing import ClassVar, Final
 from mpbroker.admin import QueueWorkerStats, TopicWorkerStats
 from mpbroker.config import Config
 from mpbroker.engine import Engine, Outbox, QueueEngine
-from mpbroker.flow import STORE_DISK, STORE_TEMP, FlowTracker
+from mpbroker.flow import STORE_DISK, STORE_TEMP, DestinationLimit, FlowTracker
+from mpbroker.memory import max_destinations
 from mpbroker.records import FlowState, Hello, PipelineHello, Record, Registered, Subscribe
 
 from ._disk import DiskWatch
@@ -77,6 +78,12 @@ class Pipeline(ABC):
         self._held: list[tuple[int, Record]] = []
         self._hold_until = time.monotonic() + _HOLD_TIMEOUT_S
         self._next_expiry_scan_ms = 0
+        # broker.max_destinations: the kinds count their destinations in it, and the
+        # worker shares the count with the other pipelines (`DestinationLimit.others`).
+        self.destination_limit = DestinationLimit(
+            max_destinations(config), round(config.memory.refuse_destinations_percent * 10)
+        )
+        self._bound_totals()
 
     # -- what the worker calls -----------------------------------------------------------
 
@@ -114,6 +121,16 @@ class Pipeline(ABC):
             elif not isinstance(record, Subscribe):
                 self._held.append((gateway, record))
                 return
+            else:
+                # A gateway registering again what our predecessor held: its destination
+                # was counted before, and is never refused for the limit now.
+                limit = self.destination_limit
+                limit.open = True
+                try:
+                    self._handle(gateway, record)
+                finally:
+                    limit.open = False
+                return
         if not isinstance(record, Registered):
             self._handle(gateway, record)
 
@@ -130,9 +147,12 @@ class Pipeline(ABC):
             if expired:
                 log.info("expired %d messages", expired)
 
-    def step(self, memwatch_level: int) -> None:
+    def step(self, memwatch_level: int, memory_permille: int = 0) -> None:
         """After each batch: what is due (commits, write-back, paging, the held records
-        once every gateway re-registered); the flow changes go out."""
+        once every gateway re-registered); the flow changes go out. `memory_permille`:
+        MemWatch's last reading in thousandths of max_memory (new destinations are refused
+        past memory.refuse_destinations_percent)."""
+        self.destination_limit.memory_permille = memory_permille
         if self._held and (not self._unregistered or time.monotonic() > self._hold_until):
             self._release_held()
         self._step()
@@ -168,6 +188,9 @@ class Pipeline(ABC):
         for engine in self._engines():
             engine.configure_windows(config.consumer_window_bytes)  # new subscriptions
         self._reconfigure(config)
+        # Derived from the budget, which the reloaded watermarks change.
+        self.destination_limit.limit = max_destinations(config)
+        self._bound_totals()
         if self.paging is not None:
             self.paging.configure(config)
         log.info("flow settings reloaded")
@@ -206,6 +229,12 @@ class Pipeline(ABC):
         return []
 
     # -- shared helpers ------------------------------------------------------------------
+
+    def _bound_totals(self) -> None:
+        """The totals of destinations that are gone are forgotten past the number of
+        destinations the broker may hold (they count in a destination's cost)."""
+        for engine in self._engines():
+            engine.totals.cap = self.destination_limit.limit
 
     def _temp_stop(self, stopped: bool) -> str:
         return f"limit_bytes {self.config.temp_store.limit_bytes}" if stopped else ""

@@ -560,6 +560,16 @@ class Durables:
 
     # -- subscribers ---------------------------------------------------------------------
 
+    def _refuses_new(self, gateway: int, record: Subscribe) -> bool:
+        """A new durable subscription is one destination more (broker.max_destinations,
+        counted with the topic engine's): refused past the limit, naming its topic."""
+        limit = self.topics.destination_limit
+        refusal = None if limit is None else limit.refusal(record.destination, "SUBSCRIBE")
+        if refusal is None:
+            return False
+        self.outbox.add(gateway, Refuse.of(record.conn, refusal, record.receipt))
+        return True
+
     def _subscribe(self, gateway: int, record: Subscribe, name: str) -> None:
         key = (gateway, record.conn, record.sub)
         # Its queue holds only what the selector selected: its consumer selects all of it.
@@ -598,6 +608,8 @@ class Durables:
         selector = self.queues.selector_of(gateway, record)
         if record.selector and selector is None:
             return  # refused
+        if d is None and self._refuses_new(gateway, record):
+            return
         if d is None or d.topic != record.destination or _text(d.selector) != record.selector:
             if d is not None:
                 # The same name on another topic, or with another selector, replaces the

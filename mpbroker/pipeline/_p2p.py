@@ -95,6 +95,8 @@ class P2PPipeline(Pipeline):
             if quotas is not None
             else None
         )
+        engine.destination_limit = self.destination_limit
+        self.destination_limit.count_with(lambda: len(engine.queues))
 
     @property
     def engine(self) -> Engine:
@@ -121,7 +123,14 @@ class P2PPipeline(Pipeline):
         temp = self.paging.statistics() if self.paging is not None else None
         quota_stops = self.quota_room.stops() if self.quota_room is not None else None
         return queue_worker_stats(
-            title, pid, at_ms, self.queue_engine, self.flow_trackers, temp, quota_stops
+            title,
+            pid,
+            at_ms,
+            self.queue_engine,
+            self.flow_trackers,
+            temp,
+            quota_stops,
+            self.destination_limit.refused,
         )
 
     def close(self, *, clean: bool = False) -> None:
@@ -159,6 +168,10 @@ class P2PPipeline(Pipeline):
     def _step(self) -> None:
         self.persistence.commit_if_due()
         self._write_back()
+        limit = self.destination_limit
+        if limit.reserved and not len(self.persistence.buffer):
+            # Every admitted SEND was stored and its queue made, or refused by the store.
+            limit.reserved.clear()
 
     def _write_back(self) -> None:
         """What the engine left since the last time: written to the store and answered;

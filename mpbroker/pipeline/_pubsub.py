@@ -118,6 +118,12 @@ class PubSubPipeline(Pipeline):
         self.durables = Durables(
             store, self.topics, queues, outbox, config, index, incarnation, self.flow_stored
         )
+        # Topics with subscribers (durable ones away included) and durable subscriptions
+        # count against broker.max_destinations; the durable subscriptions' own queues
+        # are theirs, not more.
+        topics, durables = self.topics, self.durables
+        topics.destination_limit = self.destination_limit
+        self.destination_limit.count_with(lambda: len(topics.topics) + len(durables.subs))
 
     @property
     def engine(self) -> Engine:
@@ -160,6 +166,7 @@ class PubSubPipeline(Pipeline):
             self.flow_trackers,
             self.durables.stats(),
             temp,
+            self.destination_limit.refused,
         )
 
     def close(self, *, clean: bool = False) -> None:

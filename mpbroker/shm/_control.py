@@ -3,7 +3,8 @@
 Layout (u64 words, little-endian)::
 
     offset 0    header line 0: magic "mpbCTRL\\0", layout version, slot count, slot size
-    offset 64   header line 1: memwatch_level, config_generation    supervisor only
+    offset 64   header line 1: memwatch_level, config_generation,
+                memwatch_permille                                 supervisor only
     offset 128  slot 0, SLOT_BYTES long                    its worker only
     ...         slot i at 128 + i * SLOT_BYTES
 
@@ -63,6 +64,7 @@ _W_SLOTS = 2
 _W_SLOT_BYTES = 3
 _W_MEMWATCH = 64 // 8
 _W_CONFIG_GENERATION = 64 // 8 + 1
+_W_MEMWATCH_PERMILLE = 64 // 8 + 2
 _SLOT_WORDS = SLOT_BYTES // 8
 _S_PID = 0
 _S_INCARNATION = 1
@@ -164,6 +166,22 @@ class ControlBlock:
     def memwatch_level(self, level: int) -> None:
         try:
             self._q[_W_MEMWATCH] = level
+        except ValueError as e:
+            self._fail(e)
+
+    @property
+    def memwatch_permille(self) -> int:
+        """MemWatch's last reading in thousandths of max_memory (0 before the first); the
+        supervisor only writes this."""
+        try:
+            return int(self._q[_W_MEMWATCH_PERMILLE])
+        except ValueError as e:
+            self._fail(e)
+
+    @memwatch_permille.setter
+    def memwatch_permille(self, permille: int) -> None:
+        try:
+            self._q[_W_MEMWATCH_PERMILLE] = permille
         except ValueError as e:
             self._fail(e)
 

@@ -98,6 +98,11 @@ class WorkerBase:
     def memwatch_level(self) -> int:
         return self.control.memwatch_level
 
+    @property
+    def memwatch_permille(self) -> int:
+        """MemWatch's last reading, in thousandths of max_memory."""
+        return self.control.memwatch_permille
+
     def ready(self) -> None:
         """Serving: the supervisor sees the worker ready (with a fresh heartbeat)."""
         self.slot.pid = os.getpid()

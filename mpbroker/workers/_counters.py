@@ -1,5 +1,6 @@
 """The counters of a worker's control-block slot, by role: the worker writes them, the
-supervisor (systemd's STATUS line) and the gateways (the connection limit) read them."""
+supervisor (systemd's STATUS line, the admin API), the gateways (the connection limit)
+and the other pipelines (the destination limit) read them."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ __all__ = [
     "GATEWAY_CONNECTIONS",
     "GATEWAY_FRAMES_IN",
     "PIPELINE_DELIVERED",
+    "PIPELINE_DESTINATIONS",
     "PIPELINE_RECEIVED",
     "REPLAY_BATCHES",
     "REPLAY_MESSAGES",
@@ -24,6 +26,8 @@ GATEWAY_CONNECTED: Final = 2
 # Totals since the pipeline started (each incarnation counts from 0).
 PIPELINE_RECEIVED: Final = 0
 PIPELINE_DELIVERED: Final = 1
+# The destinations it holds now (broker.max_destinations adds up every pipeline's).
+PIPELINE_DESTINATIONS: Final = 2
 
 REPLAY_BATCHES: Final = 0
 REPLAY_MESSAGES: Final = 1

@@ -21,7 +21,7 @@ from mpbroker.shm import STATE_EMPTY, ControlBlock, Doorbell, Ring, RingReader, 
 from mpbroker.stores import MessageStore, TopicStore
 
 from ._base import StopOnSignal, WorkerBase
-from ._counters import PIPELINE_DELIVERED, PIPELINE_RECEIVED
+from ._counters import PIPELINE_DELIVERED, PIPELINE_DESTINATIONS, PIPELINE_RECEIVED
 from ._layout import Layout, WorkerSpec, durable_registry, store_directory, temp_directory
 from ._outlet import Outlet
 
@@ -129,6 +129,29 @@ class PipelineWorker:
         self.pipeline = open_pipeline(spec)
         if isinstance(self.pipeline, PubSubPipeline):
             self.pipeline.durables.gateway_gone = gateway_watch(self.base.control, layout)
+        self._share_destination_count()
+
+    def _share_destination_count(self) -> None:
+        """broker.max_destinations holds over every pipeline: ours is published in our
+        slot (each turn, and at once when a check counts a new one), the others' read
+        from theirs."""
+        layout, base = self.spec.layout, self.base
+        slot = base.slot
+        others = [
+            base.control.slot(layout.pipeline_slot(p))
+            for p in range(layout.topology.pipelines)
+            if p != self.spec.index
+        ]
+
+        def others_count() -> int:
+            return sum(other.counter(PIPELINE_DESTINATIONS) for other in others)
+
+        def publish(count: int) -> None:
+            slot.set_counter(PIPELINE_DESTINATIONS, count)
+
+        limit = self.pipeline.destination_limit
+        limit.others = others_count
+        limit.publish = publish
 
     def step(self) -> bool:
         """Handle one batch from every ring; True if there was anything to do."""
@@ -152,7 +175,7 @@ class PipelineWorker:
             for kind, payload in self.replay_reader.read_batch(batch_records):
                 busy = True
                 pipeline.replayed(decode(kind, payload))
-        pipeline.step(self.base.memwatch_level)
+        pipeline.step(self.base.memwatch_level, self.base.memwatch_permille)
         self.flush()
         return busy
 
@@ -190,6 +213,7 @@ class PipelineWorker:
             reloaded = base.turn()
             base.slot.set_counter(PIPELINE_RECEIVED, pipeline.engine.received)
             base.slot.set_counter(PIPELINE_DELIVERED, pipeline.engine.delivered)
+            base.slot.set_counter(PIPELINE_DESTINATIONS, pipeline.destination_limit.count)
             now = base.stats_due()
             if now is not None:
                 base.publish_stats(pipeline.statistics(self.spec.title, os.getpid(), now))

@@ -23,11 +23,27 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
 
+import msgspec
+
 from mpbroker import native
-from mpbroker.admin import MemoryLevel, MemoryStatus, StatusView
+from mpbroker.admin import (
+    DestinationsStatus,
+    MemoryLevel,
+    MemoryStatus,
+    QueueWorkerStats,
+    StatusView,
+    TopicWorkerStats,
+)
 from mpbroker.admin.server import AdminServer, WorkerRef, allowed_names, status_view
 from mpbroker.config import Config, ConfigError, parse_levels, reload_flow_settings
-from mpbroker.memory import MemWatch, broker_memory, check, require_fits
+from mpbroker.memory import (
+    PER_DESTINATION_BYTES,
+    MemWatch,
+    broker_memory,
+    check,
+    max_destinations,
+    require_fits,
+)
 from mpbroker.routing import Topology
 from mpbroker.security import User, UsersFileError, load_users, server_context, unknown_names
 from mpbroker.shm import (
@@ -46,7 +62,12 @@ from mpbroker.shm import (
 )
 from mpbroker.systemd import Counters, Notifier, NotifyError, WorkerBeat
 
-from ._counters import GATEWAY_CONNECTIONS, PIPELINE_DELIVERED, PIPELINE_RECEIVED
+from ._counters import (
+    GATEWAY_CONNECTIONS,
+    PIPELINE_DELIVERED,
+    PIPELINE_DESTINATIONS,
+    PIPELINE_RECEIVED,
+)
 from ._launcher import Launcher, LauncherError, WorkerProcess
 from ._layout import Layout, WorkerSpec, reloaded_config
 from ._service import BrokerFigures, ServiceLink
@@ -248,6 +269,10 @@ class Supervisor:
         # The dead worker can no longer write its slot; start its successor from zero.
         slot.state = STATE_EMPTY
         for i in range(_SLOT_COUNTERS):
+            if i == PIPELINE_DESTINATIONS and worker.role in ("p2p", "pubsub"):
+                # Its destinations (broker.max_destinations) stay counted until its
+                # successor, which recovers them, counts them again.
+                continue
             slot.set_counter(i, 0)
         if worker.role == "gateway" and self.addresses is not None:
             # So are its connections per address, which only it could count down.
@@ -387,7 +412,31 @@ class Supervisor:
                 for i, m in enumerate(watch.levels, start=1)
             ],
         )
-        return status_view(self.control, self.stats, refs, memory, self.process_memory)
+        status = status_view(self.control, self.stats, refs, memory, self.process_memory)
+        return msgspec.structs.replace(status, destinations=self._destinations_status(status))
+
+    def _destinations_status(self, status: StatusView) -> DestinationsStatus:
+        """Every pipeline's destinations (their slots' counters, read now) against
+        broker.max_destinations, and the refusals they published."""
+        assert self.control is not None
+        count = sum(
+            self.control.slot(self._slot_index(w)).counter(PIPELINE_DESTINATIONS)
+            for w in self.workers
+            if w.role in ("p2p", "pubsub")
+        )
+        refused = sum(
+            w.stats.destinations_refused
+            for w in status.workers
+            if isinstance(w.stats, QueueWorkerStats | TopicWorkerStats)
+        )
+        limit = max_destinations(self.config)
+        return DestinationsStatus(
+            count=count,
+            max_destinations=limit,
+            per_destination_bytes=PER_DESTINATION_BYTES,
+            budget_bytes=limit * PER_DESTINATION_BYTES,
+            refused=refused,
+        )
 
     # -- running -------------------------------------------------------------------------
 
@@ -559,6 +608,7 @@ class Supervisor:
         self.process_memory = reading.processes
         note = self.memwatch.update(reading.total)
         self.control.memwatch_level = self.memwatch.level
+        self.control.memwatch_permille = reading.total * 1000 // self.memwatch.max_memory
         if note is not None:
             if self.memwatch.level:
                 log.warning("%s", note)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from mpbroker.admin import (
+    DestinationsStatus,
     FlowView,
     GatewayStats,
     GlobalStoreFigures,
@@ -85,6 +86,24 @@ def test_status_shows_memory_and_each_pipelines_temp_store() -> None:
     [line] = [row for row in text.splitlines() if "8/1024" in row]
     assert line.split() == ["p2p", "0", "yes", "1200", "3.0", "8/1024", "no"]
     assert "received 7, delivered 5" in text and "connections 3" in text
+
+
+def test_status_shows_the_destinations_against_their_limit() -> None:
+    view = StatusView(
+        at_ms=0,
+        workers=[worker("p2p 0", "p2p", None)],
+        memory=MemoryStatus(
+            level=0, used_bytes=100 * 2**20, max_memory=256 * 2**20, percent=39, levels=[]
+        ),
+        destinations=DestinationsStatus(
+            count=120, max_destinations=7351, per_destination_bytes=3584, budget_bytes=1, refused=4
+        ),
+    )
+    lines = render_status(view).splitlines()
+    assert lines[0].startswith("memory: level 0, 100 MiB")
+    assert lines[1] == (
+        "destinations: 120 of max_destinations 7351 (3584 B each in the budget), 4 refused"
+    )
 
 
 def test_status_without_temp_stores_shows_only_the_workers() -> None:

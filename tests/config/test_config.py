@@ -567,6 +567,21 @@ def test_a_throttle_level_above_the_memwatch_levels_is_refused() -> None:
         config_from_mapping({"memory": {"throttle_level": 3}})
 
 
+def test_new_destinations_are_refused_from_a_share_of_max_memory() -> None:
+    assert config_from_mapping({}).memory.refuse_destinations_percent == 95
+    off = config_from_mapping({"memory": {"refuse_destinations_percent": 0}})
+    assert off.memory.refuse_destinations_percent == 0
+    with pytest.raises(ConfigError, match=r"memory\.refuse_destinations_percent"):
+        config_from_mapping({"memory": {"refuse_destinations_percent": 101}})
+
+
+def test_max_destinations_is_zero_derived_or_a_count() -> None:
+    assert config_from_mapping({}).broker.max_destinations == 0
+    assert config_from_mapping({"broker": {"max_destinations": 500}}).broker.max_destinations == 500
+    with pytest.raises(ConfigError, match=r"broker\.max_destinations"):
+        config_from_mapping({"broker": {"max_destinations": -1}})
+
+
 def test_a_quota_named_for_topics_only_is_refused_naming_the_table() -> None:
     quotas = {"quotas": {"q": {"max_messages": 10}}}
     error = refused({**quotas, "destinations": {"/topic/prices.*": {"quota": "q"}}})

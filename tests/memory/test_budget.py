@@ -6,14 +6,18 @@ import pytest
 
 from mpbroker.config import Config, KiB, MiB, config_from_mapping, format_bytes
 from mpbroker.memory import (
+    DESTINATION_SHARE,
     FIXED_COST_BYTES,
+    MIN_DESTINATIONS,
     PER_CONNECTION_BYTES,
+    PER_DESTINATION_BYTES,
     PER_ENTRY_BYTES,
     PER_MESSAGE_BYTES,
     PER_SUBSCRIPTION_BYTES,
     RING_HEADER_BYTES,
     check,
     estimate,
+    max_destinations,
     plan,
 )
 from mpbroker.memory import _budget as budget
@@ -51,6 +55,8 @@ def test_the_default_budgets_are_the_seeds_modules_on_our_settings() -> None:
         "topic live buffers": (1, 4 * MiB + 20000 * stub),
         "queue live buffer, persistent": (1, MiB + 40000 * entry),
         "VolQueueStore (non-persistent)": (1, 16 * MiB + 60000 * entry),
+        # broker.max_destinations 0: derived from what the rest leaves (below).
+        "destinations": (max_destinations(config()), PER_DESTINATION_BYTES),
         # Both kinds of pipeline page (non-persistent queue messages, topic live buffers).
         "temp store paging step": (2, MiB),
         # 4 per pipeline, a durable registry per pubsub worker, a registry and a segment per
@@ -290,6 +296,61 @@ def test_format_bytes(n: int, text: str) -> None:
     assert format_bytes(n) == text
 
 
+# -- destinations ----------------------------------------------------------------------------
+
+
+def test_the_derived_destinations_take_half_of_what_the_rest_leaves() -> None:
+    c = config()
+    memory = plan(c)
+    line = lines(c)["destinations"]
+    assert c.broker.max_destinations == 0
+    rest = memory.maximum - line.total  # the fixed cost and every other line
+    room = 256 * MiB - rest
+    assert (
+        line.count
+        == max_destinations(c)
+        == int(room * DESTINATION_SHARE) // (PER_DESTINATION_BYTES)
+    )
+    # The other half stays headroom (within one destination's rounding).
+    assert 0 <= memory.headroom - room * (1 - DESTINATION_SHARE) < PER_DESTINATION_BYTES
+    assert "derived" in line.why and line.settings == ("broker.max_destinations",)
+    assert check(c) is None
+    # More memory, more destinations.
+    assert max_destinations(config(memory={"max_memory": "1GiB"})) > 4 * line.count
+
+
+def test_a_set_max_destinations_is_counted_and_must_fit() -> None:
+    c = config(broker={"max_destinations": 1000})
+    assert max_destinations(c) == 1000
+    line = lines(c)["destinations"]
+    assert (line.count, line.total) == (1000, 1000 * PER_DESTINATION_BYTES)
+    assert check(c) is None
+    too_many = config(broker={"max_destinations": 1_000_000})
+    problem = check(too_many)
+    assert problem is not None
+    assert "destinations " in problem and "broker.max_destinations" in problem
+    assert "Lower broker.max_destinations" in problem
+
+
+def test_the_derived_destinations_are_at_least_the_minimum() -> None:
+    # A budget with no room left: the derived limit is the floor (and the config is refused
+    # for the other modules anyway).
+    c = config(memory={"max_memory": "160MiB"})
+    assert max_destinations(c) == MIN_DESTINATIONS
+    assert check(c) is not None
+
+
+def test_the_estimate_counts_destinations() -> None:
+    c = config()
+    result = estimate(c, 0, 0, 0, 0, destinations=2000)
+    each = format_bytes(PER_DESTINATION_BYTES)
+    assert result.terms[-1] == (f"2000 destinations x {each}", 2000 * PER_DESTINATION_BYTES)
+    text = "\n".join(result.lines())
+    assert f"2000 fit within broker.max_destinations {max_destinations(c)}" in text
+    over = estimate(c, 0, 0, 0, 0, destinations=max_destinations(c) + 1)
+    assert "exceed broker.max_destinations" in "\n".join(over.lines())
+
+
 # -- the estimate ----------------------------------------------------------------------------
 
 
@@ -302,6 +363,7 @@ def test_the_estimate_is_qpids_formula_with_our_unit_costs() -> None:
         100 * PER_CONNECTION_BYTES,
         250 * PER_SUBSCRIPTION_BYTES,
         10000 * (PER_MESSAGE_BYTES + 1000),
+        0,  # no destinations asked about
     ]
     assert result.total == sum(values)
     text = "\n".join(result.lines())
@@ -331,9 +393,12 @@ def test_the_consumer_window_is_prefetch_messages_at_most_the_byte_window() -> N
     assert large.window_bytes == 8 * MiB
 
 
-@pytest.mark.parametrize("field", ["connections", "sessions", "messages", "message_bytes"])
+@pytest.mark.parametrize(
+    "field", ["connections", "sessions", "messages", "message_bytes", "destinations"]
+)
 def test_negative_counts_are_refused(field: str) -> None:
-    args = {"connections": 1, "sessions": 1, "messages": 1, "message_bytes": 1, field: -1}
+    args = {"connections": 1, "sessions": 1, "messages": 1, "message_bytes": 1}
+    args[field] = -1
     with pytest.raises(ValueError, match=f"{field} = -1"):
         estimate(config(), **args)
 

@@ -15,7 +15,9 @@ from hypothesis import strategies as st
 from mpbroker.config import Config, KiB, MiB, config_from_mapping, format_bytes, parse_size
 from mpbroker.memory import (
     FIXED_COST_BYTES,
+    MIN_DESTINATIONS,
     PER_CONNECTION_BYTES,
+    PER_DESTINATION_BYTES,
     PER_ENTRY_BYTES,
     PER_MESSAGE_BYTES,
     PER_SUBSCRIPTION_BYTES,
@@ -154,10 +156,12 @@ CASES: list[tuple[str, WizardInputs, dict[str, Any]]] = [
             "store.index_cache_entries": 1000,  # 50 msg/s x 20 s < the seed's 1000
             "rings.capacity_bytes": MiB,  # the measured default fits
             # 10 min at 50 msg/s: 30000, the topics' default 20000; the queues' lowered so
-            # their entries take at most half of the p2p worker's part.
+            # their entries take at most half of the p2p worker's part (which the 100
+            # destinations' budget makes a little smaller).
             "topics.global_live_msg_high": 20000,
-            "vol_queue_store.global_msg_high": 10000,
-            "pers_queue_store.global_msg_high": 10000,
+            "vol_queue_store.global_msg_high": 9900,
+            "pers_queue_store.global_msg_high": 9900,
+            "broker.max_destinations": 100,
         },
     ),
     (
@@ -311,8 +315,19 @@ def test_every_reason_is_written_above_its_setting() -> None:
     assert text.startswith("# Written by `mpbroker config wizard` from: memory 256 MB, ")
     assert "# 500 threads/workers, at most one per CPU (2)\ngateways = 2\n" in text
     assert "[rings]\n# the default, per pipeline direction: with 100 KB messages 1 MiB" in text
-    # Only the derived settings: nothing else from the 100-odd settings.
-    assert len(tomllib.loads(text)["broker"]) == 4
+    # Only the derived settings: nothing else from the 100-odd settings (gateways, both
+    # pipeline counts, max_connections, max_destinations).
+    assert len(tomllib.loads(text)["broker"]) == 5
+
+
+def test_the_destinations_are_twice_the_queues_and_topics_at_least_the_minimum() -> None:
+    result = derive(dataclasses.replace(SMALL, queues=300, topics=200))
+    assert values(result)["broker.max_destinations"] == 1000
+    line = next(b for b in result.plan.budgets if b.module == "destinations")
+    assert (line.count, line.each) == (1000, PER_DESTINATION_BYTES)
+    assert "2 x the queues and topics expected (500" in why(result, "broker.max_destinations")
+    # The seed's 10 and 10: the minimum.
+    assert values(derive(SMALL))["broker.max_destinations"] == MIN_DESTINATIONS
 
 
 def test_the_rings_need_not_carry_the_largest_frame() -> None:
@@ -362,12 +377,14 @@ def test_the_seeds_example() -> None:
             ["more than the headroom", "short by", "lower --connections to"],
         ),
         (
-            dataclasses.replace(SMALL, queues=1, topics=100_000),
+            # (Not 100000 topics: their destinations alone would not fit, and --memory is
+            # named.)
+            dataclasses.replace(SMALL, queues=1, topics=2000),
             "--largest-queue-message",
             ["the VolQueueStore of each p2p worker gets", "short by", "raise --memory by"],
         ),
         (
-            dataclasses.replace(SMALL, queues=100_000, topics=1),
+            dataclasses.replace(SMALL, queues=2000, topics=1),
             "--largest-topic-message",
             ["the topic live buffer of each pubsub worker gets", "short by"],
         ),

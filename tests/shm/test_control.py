@@ -70,10 +70,13 @@ def test_fields_round_trip_and_slots_are_independent(block: ControlBlock) -> Non
     assert (b.pid, b.state, b.counter(15)) == (0, STATE_EMPTY, 0)
     block.memwatch_level = 2
     assert block.memwatch_level == 2
+    assert block.memwatch_permille == 0  # before MemWatch's first reading
+    block.memwatch_permille = 812
     other = ControlBlock.attach(block.name)
     try:
         assert other.slot(1).counter(15) == 12
         assert other.memwatch_level == 2
+        assert other.memwatch_permille == 812
     finally:
         other.close()
 
