@@ -13,13 +13,14 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterable
+from typing import Protocol
 
 from mpbroker.engine import Outbox, QueueEngine, StoredAck
 from mpbroker.logs import log_collapsed
 from mpbroker.records import Receipt, Refuse
 from mpbroker.stores import StoreError
 
-__all__ = ["WriteFailures", "answer_stored_acks", "log_store_error"]
+__all__ = ["CountRetry", "WriteFailures", "answer_stored_acks", "log_store_error"]
 
 log = logging.getLogger("mpbroker.pipeline")
 
@@ -37,6 +38,31 @@ def log_store_error(what: str, exc: StoreError) -> None:
     log_collapsed(
         log, logging.ERROR, f"store error while {what}", "", "store error while %s: %s", what, exc
     )
+
+
+class KeepsCounts(Protocol):
+    """A store that keeps in memory the delivery counts the filesystem did not take."""
+
+    @property
+    def unwritten_deliveries(self) -> int: ...
+
+    def write_delivery_counts(self) -> None: ...
+
+
+class CountRetry:
+    """Delivery counts a store kept in memory (a full disk) are written again once a second
+    at most, while there are any."""
+
+    def __init__(self) -> None:
+        self.next_ms = 0
+
+    def step(self, store: KeepsCounts, now_ms: int) -> None:
+        if store.unwritten_deliveries and now_ms >= self.next_ms:
+            try:
+                store.write_delivery_counts()
+            except StoreError as exc:
+                log_store_error("writing delivery counts kept in memory (retried in a second)", exc)
+                self.next_ms = now_ms + 1000
 
 
 class WriteFailures:

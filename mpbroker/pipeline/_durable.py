@@ -74,7 +74,7 @@ from mpbroker.security import ANONYMOUS
 from mpbroker.selector import Selector, SelectorError, SelectorIndex, compile_selector
 from mpbroker.stores import CommitBuffer, StoreError, TopicStore
 
-from ._acks import WriteFailures, answer_stored_acks, log_store_error
+from ._acks import CountRetry, WriteFailures, answer_stored_acks, log_store_error
 from ._persistence import refuse_unstored
 
 __all__ = ["Durables", "TopicPersistence", "durable_queue"]
@@ -154,8 +154,7 @@ class TopicPersistence:
         self.cleanup_gap_ms = settings.cleanup_gap_ms
         self.scan_interval_ms = int(config.queues.expiry_scan_interval_s * 1000)
         self.next_scan_ms = 0
-        # When delivery counts the filesystem did not take are tried again.
-        self.next_count_retry_ms = 0
+        self.count_retry = CountRetry()
         self.configure_expiry(config)
 
     def configure_expiry(self, config: Config) -> None:
@@ -224,12 +223,7 @@ class TopicPersistence:
         now = epoch_ms()
         store = self.store
         failures = WriteFailures()
-        if store.unwritten_deliveries and now >= self.next_count_retry_ms:
-            try:
-                store.write_returns()
-            except StoreError as exc:
-                log_store_error("writing delivery counts kept in memory (retried in a second)", exc)
-                self.next_count_retry_ms = now + 1000
+        self.count_retry.step(store, now)
         if effects.settled:
             try:
                 store.ack(_by_subscription(effects.settled), "acked", now)

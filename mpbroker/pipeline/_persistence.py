@@ -21,7 +21,7 @@ from mpbroker.errors import LimitReached
 from mpbroker.records import Message, Refuse, Send
 from mpbroker.stores import CommitBuffer, DiskLimitReached, MessageStore, StoreError
 
-from ._acks import WriteFailures, answer_stored_acks, log_store_error
+from ._acks import CountRetry, WriteFailures, answer_stored_acks, log_store_error
 
 __all__ = ["QueuePersistence", "index_cache", "refuse_unstored"]
 
@@ -96,8 +96,7 @@ class QueuePersistence:
         # Expired messages still to be settled in the store, a batch per cleanup_gap_ms.
         self.expired_backlog: list[int] = []
         self.next_cleanup_ms = 0
-        # When delivery counts the filesystem did not take are tried again.
-        self.next_count_retry_ms = 0
+        self.count_retry = CountRetry()
         self.buffer: CommitBuffer[tuple[int, Send]] = CommitBuffer.for_settings(commit)
 
     def recover(self) -> int:
@@ -213,12 +212,7 @@ class QueuePersistence:
         now = epoch_ms()
         store = self.store
         failures = WriteFailures()
-        if store.unwritten_deliveries and now >= self.next_count_retry_ms:
-            try:
-                store.write_delivery_counts()
-            except StoreError as exc:
-                log_store_error("writing delivery counts kept in memory (retried in a second)", exc)
-                self.next_count_retry_ms = now + 1000
+        self.count_retry.step(store, now)
         if effects.dead_letters:
             try:
                 self._move_dead_letters(effects.dead_letters, now)

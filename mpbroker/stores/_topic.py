@@ -231,7 +231,7 @@ class TopicStore:
         self._clock = clock
         self._closed = False
         # Returned deliveries the filesystem did not take yet, (subscription, seq) -> how
-        # many: written with the next ones (`returned`, `write_returns`).
+        # many: written with the next ones (`returned`, `write_delivery_counts`).
         self._unwritten_returns: dict[tuple[str, int], int] = {}
         try:
             db = self._open_registry(settings)
@@ -482,7 +482,7 @@ class TopicStore:
         so the next delivery is flagged redelivered. Unknown pairs are ignored.
 
         Counts the filesystem cannot take (StoreError) are kept in memory and written with
-        the next ones or by `write_returns`, so `redelivered` survives a full disk."""
+        the next ones or by `write_delivery_counts`, so `redelivered` survives a full disk."""
         unwritten = self._unwritten_returns
         for pair in pairs:
             unwritten[pair] = unwritten.get(pair, 0) + 1
@@ -509,7 +509,7 @@ class TopicStore:
         """Returned deliveries kept in memory that the filesystem has not taken yet."""
         return len(self._unwritten_returns) + self.messages.unwritten_deliveries
 
-    def write_returns(self) -> None:
+    def write_delivery_counts(self) -> None:
         """Write the returned deliveries not written yet (StoreError if it still cannot)."""
         self.returned(())
         if self.messages.unwritten_deliveries:

@@ -9,6 +9,7 @@ delivery counts the store could not take are written later (`redelivered` surviv
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -322,6 +323,12 @@ def test_a_disk_kept_full_from_outside_gets_no_false_receipt_and_dead_letters_no
                 consumer.close()
     assert len(receipted) < 20
     broker.stop_checked()
+    # The failures were logged once, then counted (a store error has no client address).
+    log = broker.log_text()
+    assert re.search(
+        r"store error while recording acknowledgements: … and \d+ more like it in", log
+    )
+    assert "from  in" not in log
     broker = start_broker("--gateways", "1", config=config, data_dir=small_fs / "data")
     consumer = raw(broker)
     consumer.connect()

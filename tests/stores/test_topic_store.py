@@ -243,7 +243,7 @@ def test_returned_counts_the_disk_did_not_take_are_written_later(
         store.returned([("a", s1), ("a", s2)])
     assert store.unwritten_deliveries == 2  # (sub, seq) pairs kept in memory
     store._conn = real
-    store.write_returns()
+    store.write_delivery_counts()
     assert store.unwritten_deliveries == 0
     with open_reader(tmp_path) as reader:
         got = {m.seq: (m.deliveries, m.redelivered) for m in batch(reader, "a").messages}
