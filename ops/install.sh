@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # Install mpbroker from this checkout as a systemd service:
 #
-#   sudo bash ops/install.sh [--prefix /opt/mpbroker] [--extras export] [--root DIR]
+#   sudo bash ops/install.sh [--prefix /opt/mpbroker] [--extras export] [--root DIR] [--wheel FILE]
 #
-# It makes a venv at PREFIX and installs the checkout into it (never the `mpbroker` package
-# on PyPI: that name belongs to an unrelated project), creates the system user mpbroker,
+# It makes a venv at PREFIX and installs the checkout into it, or a wheel built from it
+# (--wheel: build once, install on many hosts; never the `mpbroker` package on PyPI: that
+# name belongs to an unrelated project), creates the system user mpbroker,
 # installs the systemd units from ops/ and, when missing, /etc/mpbroker/mpbroker.toml.
 # Running it again upgrades: the package is reinstalled into the same venv and the config is
 # kept. --root DIR installs into DIR instead of / (to build a package, or in tests): then no
@@ -13,10 +14,11 @@
 set -euo pipefail
 
 usage() {
-    echo "usage: sudo bash ops/install.sh [--prefix DIR] [--extras LIST] [--root DIR]" >&2
+    echo "usage: sudo bash ops/install.sh [--prefix DIR] [--extras LIST] [--root DIR] [--wheel FILE]" >&2
     echo "  --prefix DIR   where the venv goes (default /opt/mpbroker)" >&2
     echo "  --extras LIST  extras to install: export (pyarrow, for mpbroker-export.timer), spark" >&2
     echo "  --root DIR     install into DIR instead of / (no useradd, chown or systemctl)" >&2
+    echo "  --wheel FILE   install this wheel (python -m build --wheel) instead of the checkout" >&2
 }
 
 fail() {
@@ -28,14 +30,16 @@ checkout="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 prefix=/opt/mpbroker
 extras=""
 root=/
+wheel=""
 while (($#)); do
     case "$1" in
-        --prefix | --extras | --root)
+        --prefix | --extras | --root | --wheel)
             (($# >= 2)) || { usage; fail "$1 needs a value" 2; }
             case "$1" in
                 --prefix) prefix="$2" ;;
                 --extras) extras="$2" ;;
                 --root) root="$2" ;;
+                --wheel) wheel="$2" ;;
             esac
             shift 2
             ;;
@@ -56,6 +60,10 @@ done
     fail "--prefix must be an absolute path of letters, digits and . _ / - (got '$prefix')" 2
 prefix="${prefix%/}"
 [[ "$extras" =~ ^[A-Za-z0-9_,-]*$ ]] || fail "--extras must be a comma-separated list of extras (got '$extras')" 2
+if [[ -n "$wheel" ]]; then
+    [[ "$wheel" == *.whl && -f "$wheel" ]] || fail "--wheel must name a wheel file (got '$wheel')" 2
+    wheel="$(cd "$(dirname "$wheel")" && pwd)/$(basename "$wheel")"
+fi
 
 if [[ "$root" == / ]]; then
     staged=false
@@ -108,19 +116,28 @@ fi
 # checkout's own mpbroker/ package (and its egg-info), not the one installed into the venv.
 cd /
 
-# pip builds a source tree in place (build/, *.egg-info), so build from a copy: the checkout
-# stays as it was, and root-owned files never land in a user's checkout. The copy leaves out
-# what .gitignore names and the git history.
-src="$(mktemp -d)"
-trap 'rm -rf "$src"' EXIT
-tar -C "$checkout" --exclude=./.git --exclude=./.venv --exclude=./build --exclude=./dist \
-    --exclude='*.egg-info' --exclude=__pycache__ --exclude=.mypy_cache --exclude=.ruff_cache \
-    --exclude=.pytest_cache --exclude=.hypothesis --exclude=./mpbroker-data -cf - . |
-    tar -C "$src" -xf -
-# A local directory is always reinstalled, even at the same version, so a second run
-# upgrades; dependencies are upgraded only when the new version needs it.
-echo "installing mpbroker${extras:+[$extras]} from $checkout into $venv"
-"$venv/bin/python" -m pip install --quiet --disable-pip-version-check "$src${extras:+[$extras]}"
+if [[ -n "$wheel" ]]; then
+    # --force-reinstall --no-deps: the same version again is installed all the same (an
+    # upgrade), without reinstalling every dependency; missing ones come with a second pass.
+    echo "installing mpbroker${extras:+[$extras]} from $wheel into $venv"
+    "$venv/bin/python" -m pip install --quiet --disable-pip-version-check --force-reinstall \
+        --no-deps "$wheel"
+    "$venv/bin/python" -m pip install --quiet --disable-pip-version-check "$wheel${extras:+[$extras]}"
+else
+    # pip builds a source tree in place (build/, *.egg-info), so build from a copy: the
+    # checkout stays as it was, and root-owned files never land in a user's checkout. The
+    # copy leaves out what .gitignore names and the git history.
+    src="$(mktemp -d)"
+    trap 'rm -rf "$src"' EXIT
+    tar -C "$checkout" --exclude=./.git --exclude=./.venv --exclude=./build --exclude=./dist \
+        --exclude='*.egg-info' --exclude=__pycache__ --exclude=.mypy_cache --exclude=.ruff_cache \
+        --exclude=.pytest_cache --exclude=.hypothesis --exclude=./mpbroker-data -cf - . |
+        tar -C "$src" -xf -
+    # A local directory is always reinstalled, even at the same version, so a second run
+    # upgrades; dependencies are upgraded only when the new version needs it.
+    echo "installing mpbroker${extras:+[$extras]} from $checkout into $venv"
+    "$venv/bin/python" -m pip install --quiet --disable-pip-version-check "$src${extras:+[$extras]}"
+fi
 # pip hides the build's output: say whether the hot modules were compiled (docs/operations.md),
 # asking the installed package (-I: and not one PYTHONPATH or the user's site-packages name).
 echo "installed $("$venv/bin/python" -I -m mpbroker --version)"

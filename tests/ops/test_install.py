@@ -69,29 +69,37 @@ def shm_of(pid: int) -> list[str]:
     return sorted(name for name in os.listdir(SHM_DIR) if name.startswith(prefixes))
 
 
-@pytest.mark.slow
-def test_wheel_installs_and_serves(tmp_path: Path) -> None:
-    """Build a wheel (from a copy, so the checkout gets no build/), install it into a fresh
-    venv, and run the broker from there: ready, then SIGTERM, exit 0, /dev/shm clean."""
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A wheel built from a copy of the checkout (so the checkout gets no build/), with the
+    hot modules compiled when there is a C compiler: built once, for the tests of this
+    module (compiling takes a minute or more)."""
     if importlib.util.find_spec("build") is None:
         if os.environ.get("CI") == "true":
             pytest.fail("the build package is missing in CI: add it to the test extras")
         pytest.skip("the build package is not installed (pip install build)")
-    timings: dict[str, float] = {}
     started = time.monotonic()
-    src = tmp_path / "src"
+    tmp = tmp_path_factory.mktemp("wheel")
+    src = tmp / "src"
     shutil.copytree(CHECKOUT, src, ignore=NOT_SOURCE)
-    dist = tmp_path / "dist"
+    dist = tmp / "dist"
     run(sys.executable, "-m", "build", "--wheel", "--outdir", dist, src, timeout=INSTALL_TIMEOUT_S)
     wheels = sorted(dist.glob("mpbroker-*.whl"))
     assert len(wheels) == 1, wheels
-    timings["wheel"] = time.monotonic() - started
+    print(f"timings: wheel {time.monotonic() - started:.1f} s")
+    return wheels[0]
 
+
+@pytest.mark.slow
+def test_wheel_installs_and_serves(tmp_path: Path, wheel: Path) -> None:
+    """Install the wheel into a fresh venv, and run the broker from there: ready, then
+    SIGTERM, exit 0, /dev/shm clean."""
+    timings: dict[str, float] = {}
     started = time.monotonic()
     venv = tmp_path / "venv"
     run(sys.executable, "-m", "venv", venv, timeout=INSTALL_TIMEOUT_S)
     python = venv / "bin" / "python"
-    run(python, "-m", "pip", "install", "--quiet", wheels[0], timeout=INSTALL_TIMEOUT_S)
+    run(python, "-m", "pip", "install", "--quiet", wheel, timeout=INSTALL_TIMEOUT_S)
     timings["venv and install"] = time.monotonic() - started
 
     started = time.monotonic()
@@ -210,18 +218,19 @@ def carry_messages(port: int) -> None:
 
 
 @pytest.mark.slow
-def test_install_sh_into_a_root(tmp_path: Path) -> None:
-    """install.sh --root, run in the checkout's root as the docs say: the venv runs, the
-    units name the prefix, the config is there (0640), the script reports the compiled
+def test_install_sh_into_a_root(tmp_path: Path, wheel: Path) -> None:
+    """install.sh --root --wheel, run in the checkout's root as the docs say: the venv runs,
+    the units name the prefix, the config is there (0640), the script reports the compiled
     modules it installed (not the checkout's pure-Python package, which a Python started in
-    the checkout would import); a second run (an upgrade) keeps a config the user edited."""
+    the checkout would import); a second run from the checkout (an upgrade) keeps a config
+    the user edited."""
     root = tmp_path / "root"
     # Not the default prefix, so that its substitution in the units shows.
     prefix = "/usr/local/mpbroker"
     venv = Path(f"{root}{prefix}")
     timings: dict[str, float] = {}
 
-    def install(run_name: str, **env: str) -> str:
+    def install(run_name: str, *argv: str | Path, **env: str) -> str:
         started = time.monotonic()
         out = run(
             "bash",
@@ -230,6 +239,7 @@ def test_install_sh_into_a_root(tmp_path: Path) -> None:
             root,
             "--prefix",
             prefix,
+            *argv,
             timeout=INSTALL_TIMEOUT_S,
             cwd=CHECKOUT,
             PYTHON=sys.executable,
@@ -238,7 +248,9 @@ def test_install_sh_into_a_root(tmp_path: Path) -> None:
         timings[run_name] = time.monotonic() - started
         return out
 
-    out = install("first run")
+    # The wheel the other test installs (building it from the checkout here would compile
+    # the hot modules a second time).
+    out = install("first run", "--wheel", wheel)
     for skipped in ("creating the user mpbroker", "chown", "systemctl daemon-reload"):
         assert f"--root: skipped {skipped}" in out, out
     assert "systemctl enable --now mpbroker" in out
@@ -268,9 +280,9 @@ def test_install_sh_into_a_root(tmp_path: Path) -> None:
 
     edited = config.read_text(encoding="utf-8") + '\n[broker]\nhost = "0.0.0.0"\n'
     config.write_text(edited, encoding="utf-8")
-    # The upgrade is pure Python (MPBROKER_PURE=1): it need not compile the modules again
-    # (the first run did, and test_wheel_installs_and_serves does), and it shows that an
-    # upgrade leaves none of the old compiled modules behind to shadow the new sources.
+    # The upgrade, from the checkout, is pure Python (MPBROKER_PURE=1): it need not compile
+    # the modules again (the wheel has them), and it shows that an upgrade leaves none of
+    # the old compiled modules behind to shadow the new sources.
     out = install("second run", MPBROKER_PURE="1")
     assert f"kept the config {config}" in out, out
     assert "installed mpbroker 0.1.0, pure Python (hot modules not compiled)" in out, out
@@ -294,6 +306,8 @@ def install_sh(*argv: str) -> subprocess.CompletedProcess[str]:
         (["--prefix"], "--prefix needs a value"),
         (["--prefix", "relative/path"], "--prefix must be an absolute path"),
         (["--extras", "spark;rm"], "--extras must be"),
+        (["--wheel", "/nonexistent/mpbroker.whl"], "--wheel must name a wheel file"),
+        (["--wheel", "ops/install.sh"], "--wheel must name a wheel file"),
     ],
 )
 def test_install_sh_refuses_bad_arguments(argv: list[str], says: str) -> None:
