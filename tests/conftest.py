@@ -46,6 +46,16 @@ def start_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[type[Brok
 
 
 @pytest.fixture
+def clients() -> Iterator[list[RawClient]]:
+    """A list for the RawClients a test makes its own way (bound to a source address, say);
+    every one in it is closed when the test ends."""
+    made: list[RawClient] = []
+    yield made
+    for client in made:
+        client.close()
+
+
+@pytest.fixture
 def raw() -> Iterator[Callable[[ServerProcess], RawClient]]:
     """Make RawClients to a broker (or another server); every one is closed when the test
     ends."""

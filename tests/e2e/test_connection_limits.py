@@ -5,7 +5,6 @@ take the broker's max_connections from everyone else."""
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 
 import pytest
 
@@ -26,14 +25,6 @@ connect_timeout_ms = 3000
 @pytest.fixture
 def limited(start_broker: type[BrokerProcess]) -> BrokerProcess:
     return start_broker("--gateways", "2", config=CONFIG)
-
-
-@pytest.fixture
-def clients() -> Iterator[list[RawClient]]:
-    made: list[RawClient] = []
-    yield made
-    for client in made:
-        client.close()
 
 
 def refusal(client: RawClient) -> str:

@@ -10,7 +10,6 @@ import selectors
 import socket
 import threading
 import time
-from collections.abc import Iterator
 
 import pytest
 
@@ -80,14 +79,6 @@ class Flood:
             for key in list(selector.get_map().values()):
                 key.fileobj.close()  # type: ignore[union-attr]
             selector.close()
-
-
-@pytest.fixture
-def clients() -> Iterator[list[RawClient]]:
-    made: list[RawClient] = []
-    yield made
-    for client in made:
-        client.close()
 
 
 def connect(broker: BrokerProcess, clients: list[RawClient], source: str | None = None) -> str:
