@@ -34,8 +34,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import os
-import statistics
 import sys
 import threading
 import time
@@ -46,7 +44,7 @@ from typing import Any
 
 import psutil
 
-from bench.fixedcost import _title
+from bench.unitcost import connect, pss_by_process
 from mpbroker.harness import (
     BrokerClosed,
     BrokerProcess,
@@ -61,8 +59,6 @@ from mpbroker.shm import SHM_DIR
 __all__ = ["main", "measure"]
 
 _TIMEOUT_S = 60.0
-_SETTLE_S = 2.0
-_SAMPLES = 3
 _BATCH = 500
 _HOLDER_SUBSCRIPTIONS = 1000
 _WARMUP = 20
@@ -70,37 +66,6 @@ _WARMUP = 20
 
 def _say(text: str) -> None:
     print(f"destinations: {text}", file=sys.stderr, flush=True)
-
-
-def _shm_bytes(server: BrokerProcess) -> int:
-    """The size of the broker's /dev/shm entries (MemWatch counts them whole): the rings
-    and blocks, and the stats spill files, which grow with the destinations."""
-    total = 0
-    for name in server.shm_entries():
-        with contextlib.suppress(OSError):
-            total += os.stat(os.path.join(SHM_DIR, name)).st_size
-    return total
-
-
-def _per_process(server: BrokerProcess) -> dict[str, int]:
-    """PSS by process title (median of a few samples after a pause); "total" their sum,
-    "/dev/shm" the size of the broker's entries there, "total + /dev/shm" both."""
-    time.sleep(_SETTLE_S)
-    samples: dict[str, list[int]] = {}
-    for n in range(_SAMPLES):
-        if n:
-            time.sleep(0.3)
-        total = 0
-        for process in server.processes():
-            with contextlib.suppress(psutil.Error):
-                pss = int(process.memory_full_info().pss)
-                samples.setdefault(_title(process), []).append(pss)
-                total += pss
-        shm = _shm_bytes(server)
-        samples.setdefault("total", []).append(total)
-        samples.setdefault("/dev/shm", []).append(shm)
-        samples.setdefault("total + /dev/shm", []).append(total + shm)
-    return {title: int(statistics.median(values)) for title, values in samples.items()}
 
 
 class _Peak(threading.Thread):
@@ -154,12 +119,6 @@ class _Tally:
         }
 
 
-def _connect(server: BrokerProcess) -> RawClient:
-    conn = RawClient(server.host, server.port, _TIMEOUT_S, send_timeout=None)
-    conn.connect()
-    return conn
-
-
 def _send(conn: RawClient, command: str, headers: dict[str, str], body: bytes = b"") -> bool:
     """Write one frame; False when the broker closed the connection (after an ERROR)."""
     try:
@@ -196,12 +155,12 @@ def _answers(conn: RawClient, receipts: set[str]) -> tuple[set[str], tuple[str, 
 def _make_queues(server: BrokerProcess, names: list[str], body: bytes, give_up: int) -> _Tally:
     """One message to each queue: pipelined until the first ERROR, then one at a time."""
     tally = _Tally()
-    conn: RawClient | None = _connect(server)
+    conn: RawClient | None = connect(server, _TIMEOUT_S)
     at = 0
     alone = False
     while at < len(names) and not (give_up and tally.in_a_row >= give_up):
         if conn is None:
-            conn = _connect(server)
+            conn = connect(server, _TIMEOUT_S)
         batch = names[at : at + (1 if alone else _BATCH)]
         for i, name in enumerate(batch):
             headers = {"destination": name, "persistent": "false", "receipt": str(at + i)}
@@ -238,7 +197,7 @@ def _make_topics(
     sub_id = 0
     while at < len(names):
         chunk = names[at : at + _HOLDER_SUBSCRIPTIONS]
-        holder = _connect(server)
+        holder = connect(server, _TIMEOUT_S)
         for i, name in enumerate(chunk):
             headers = {"destination": name, "id": str(sub_id + i), "receipt": str(sub_id + i)}
             if not _send(holder, "SUBSCRIBE", headers):
@@ -258,7 +217,7 @@ def _make_topics(
     alone: RawClient | None = None  # holds those subscribed to one at a time
     while at < len(names) and not (give_up and tally.in_a_row >= give_up):
         name = names[at]
-        probe = _connect(server)
+        probe = connect(server, _TIMEOUT_S)
         _send(probe, "SUBSCRIBE", {"destination": name, "id": "p", "receipt": "p"})
         _came, error = _answers(probe, {"p"})
         if error is not None:
@@ -266,7 +225,7 @@ def _make_topics(
             tally.refusal(error[1], name)
         else:
             if alone is None or sub_id % _HOLDER_SUBSCRIPTIONS == 0:
-                alone = _connect(server)
+                alone = connect(server, _TIMEOUT_S)
                 holders.append(alone)
             alone.send("SUBSCRIBE", {"destination": name, "id": str(sub_id), "receipt": "h"})
             alone.expect("RECEIPT", "h")
@@ -340,7 +299,7 @@ def measure(
         before = result["pss"]
         tally = make()
         _status(server)  # the admin thread reads every snapshot: its share is counted
-        after = result["pss"] = _per_process(server)
+        after = result["pss"] = pss_by_process(server)
         made = tally.created if count < 0 else count
         result["steps"][name] = {
             **tally.summary(),
@@ -363,7 +322,7 @@ def measure(
         peak = _Peak(server)
         peak.start()
         _status(server)
-        result["pss"] = result["idle_pss"] = _per_process(server)
+        result["pss"] = result["idle_pss"] = pss_by_process(server)
         _say(f"idle: {result['idle_pss']['total'] / 2**20:.1f} MiB PSS")
         if reference:
             # What the messages and subscriptions cost without destinations of their own.

@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import os
 import statistics
 import sys
 import time
@@ -34,11 +35,12 @@ from typing import Any
 
 import psutil
 
+from bench.fixedcost import _title
 from mpbroker.harness import BrokerProcess, FrameTimeout, RawClient, ServerError, StompError
 from mpbroker.loadgen.control import describe
 from mpbroker.shm import SHM_DIR
 
-__all__ = ["main", "measure"]
+__all__ = ["connect", "main", "measure", "pss_by_process", "shm_bytes"]
 
 _TIMEOUT_S = 30.0
 _SETTLE_S = 2.0
@@ -50,23 +52,45 @@ def _say(text: str) -> None:
     print(f"unitcost: {text}", file=sys.stderr, flush=True)
 
 
-def _pss(server: BrokerProcess) -> int:
-    """The summed PSS of the broker's processes: the median of a few samples after a pause."""
+def shm_bytes(server: BrokerProcess) -> int:
+    """The size of the broker's /dev/shm entries (MemWatch counts them whole): the rings
+    and blocks, and the stats spill files, which grow with the destinations."""
+    total = 0
+    for name in server.shm_entries():
+        with contextlib.suppress(OSError):
+            total += os.stat(os.path.join(SHM_DIR, name)).st_size
+    return total
+
+
+def pss_by_process(server: BrokerProcess) -> dict[str, int]:
+    """PSS by process title (median of a few samples after a pause); "total" their sum,
+    "/dev/shm" the size of the broker's entries there, "total + /dev/shm" both."""
     time.sleep(_SETTLE_S)
-    samples = []
+    samples: dict[str, list[int]] = {}
     for n in range(_SAMPLES):
         if n:
             time.sleep(0.3)
         total = 0
         for process in server.processes():
             with contextlib.suppress(psutil.Error):
-                total += int(process.memory_full_info().pss)
-        samples.append(total)
-    return int(statistics.median(samples))
+                pss = int(process.memory_full_info().pss)
+                samples.setdefault(_title(process), []).append(pss)
+                total += pss
+        shm = shm_bytes(server)
+        samples.setdefault("total", []).append(total)
+        samples.setdefault("/dev/shm", []).append(shm)
+        samples.setdefault("total + /dev/shm", []).append(total + shm)
+    return {title: int(statistics.median(values)) for title, values in samples.items()}
 
 
-def _connect(server: BrokerProcess) -> RawClient:
-    conn = RawClient(server.host, server.port, _TIMEOUT_S, send_timeout=None)
+def _pss(server: BrokerProcess) -> int:
+    """The summed PSS of the broker's processes: the median of a few samples after a pause."""
+    return pss_by_process(server)["total"]
+
+
+def connect(server: BrokerProcess, timeout_s: float = _TIMEOUT_S) -> RawClient:
+    """A RawClient CONNECTed to `server`, waiting up to `timeout_s` for each answer."""
+    conn = RawClient(server.host, server.port, timeout_s, send_timeout=None)
     conn.connect()
     return conn
 
@@ -95,7 +119,7 @@ def _send(conn: RawClient, destination: str, count: int, size: int, tag: str) ->
 
 def _warm_up(server: BrokerProcess) -> None:
     """Every code path the steps use once, so imports and caches are not counted."""
-    conns = [_connect(server) for _ in range(_WARMUP)]
+    conns = [connect(server) for _ in range(_WARMUP)]
     _subscribe(conns[0], [f"/queue/warm-{i}" for i in range(_WARMUP)], 0)
     _subscribe(conns[1], [f"/topic/warm-{i}" for i in range(_WARMUP)], 0)
     _send(conns[2], "/queue/warm-msgs", 200, 100, "warm")
@@ -123,13 +147,13 @@ def measure(connections: int, subscriptions: int, messages: int, size: int) -> d
 
         before = _pss(server)
         result["idle_pss"] = before
-        open_conns = [_connect(server) for _ in range(connections)]
+        open_conns = [connect(server) for _ in range(connections)]
         after = _pss(server)
         result["per_connection"] = (after - before) // connections
         _say(f"{connections} connections: +{after - before} bytes")
 
         before = after
-        holder = _connect(server)
+        holder = connect(server)
         open_conns.append(holder)
         half = subscriptions // 2
         _subscribe(holder, [f"/queue/unitcost-{i}" for i in range(half)], 0)
@@ -141,7 +165,7 @@ def measure(connections: int, subscriptions: int, messages: int, size: int) -> d
         _say(f"{subscriptions} subscriptions: +{after - before} bytes")
 
         before = after
-        producer = _connect(server)
+        producer = connect(server)
         open_conns.append(producer)
         _send(producer, "/queue/unitcost-waiting", messages, size, "sent")
         after = _pss(server)
